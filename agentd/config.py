@@ -1,0 +1,440 @@
+"""The config schema (the one definition of it), loading, validation and model-swap precedence.
+
+The TOML file is checked field by field against the msgspec Structs below so that *every* error is
+reported with its field path, not just the first one msgspec would stop at. Durations are written
+as strings (``"250ms"``, ``"10s"``, ``"2m"``) and held as float seconds.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+__all__ = [
+    "Assistant",
+    "Config",
+    "ConfigError",
+    "ConfigIssue",
+    "FirstMessageMode",
+    "Intelligence",
+    "IntelligenceOverride",
+    "Limits",
+    "PolicyChoice",
+    "ProviderName",
+    "SupervisorSettings",
+    "SwapPolicy",
+    "Transfer",
+    "TransferMode",
+    "effective_intelligence",
+    "intelligence_map",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+    "quickstart_config",
+    "quickstart_text",
+    "resolve_swap_policy",
+]
+
+
+class SwapPolicy(enum.StrEnum):
+    """What an in-flight turn does when a reload changes its model (DESIGN §3)."""
+
+    FINISH_ON_OLD = "finish-on-old"
+    RESTART_TURN = "restart-turn"
+
+
+class TransferMode(enum.StrEnum):
+    """How much of the history the destination assistant sees after a transfer (DESIGN §5)."""
+
+    ROLLING_HISTORY = "rolling-history"
+    SWAP_SYSTEM_MESSAGE = "swap-system-message-in-history"
+    SWAP_SYSTEM_MESSAGE_AND_REMOVE_TRANSFER = (
+        "swap-system-message-in-history-and-remove-transfer-tool-messages"
+    )
+    DELETE_HISTORY = "delete-history"
+
+
+class FirstMessageMode(enum.StrEnum):
+    """What happens when an assistant takes a conversation (session start or after a transfer)."""
+
+    SPEAKS_FIRST = "assistant-speaks-first"
+    SPEAKS_FIRST_MODEL_GENERATED = "assistant-speaks-first-with-model-generated-message"
+    WAITS_FOR_USER = "assistant-waits-for-user"
+
+
+ProviderName = Literal["scripted", "ollama", "openai"]
+
+_DURATION = {"duration": True}
+Seconds = Annotated[float, msgspec.Meta(gt=0, extra=_DURATION)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+EnvVarName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+ToolRef = Annotated[str, msgspec.Meta(min_length=1, pattern=r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")]
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Base for config sections: immutable, unknown keys rejected."""
+
+
+class Intelligence(_Section):
+    """Which model serves an assistant and how to reach it."""
+
+    provider: ProviderName = "scripted"
+    endpoints: tuple[str, ...] = ()
+    model: Annotated[str, msgspec.Meta(min_length=1)] = "echo-small"
+    api_key_env: EnvVarName | None = None
+    options: dict[str, Any] = {}
+
+
+class IntelligenceOverride(_Section):
+    """Per-assistant intelligence: every set field replaces the default's; ``options`` merge key-wise."""
+
+    provider: ProviderName | None = None
+    endpoints: tuple[str, ...] | None = None
+    model: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    api_key_env: EnvVarName | None = None
+    options: dict[str, Any] | None = None
+
+
+class Limits(_Section):
+    """The per-turn budget (DESIGN §8) and the restart-turn bound (DESIGN §3.5)."""
+
+    max_steps: Annotated[int, msgspec.Meta(ge=1)] = 8
+    max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    deadline: Seconds = 120.0
+    max_turn_restarts: Annotated[int, msgspec.Meta(ge=0)] = 2
+
+
+class SupervisorSettings(_Section):
+    """Child supervision timings (DESIGN §9)."""
+
+    spawn_timeout: Seconds = 10.0
+    ping_interval: Seconds = 2.0
+    ping_timeout: Seconds = 10.0
+    stop_grace: Seconds = 10.0
+
+
+class Transfer(_Section):
+    """A destination the assistant may hand the conversation to."""
+
+    to: Name
+    description: str = ""
+    message: str = ""
+    mode: TransferMode = TransferMode.ROLLING_HISTORY
+
+
+class Assistant(_Section):
+    """A named persona: system prompt, tools, transfer destinations, opener, optional intelligence."""
+
+    name: Name
+    system: str = ""
+    first_message: str = ""
+    first_message_mode: FirstMessageMode = FirstMessageMode.SPEAKS_FIRST
+    tools: tuple[ToolRef, ...] = ()
+    intelligence: IntelligenceOverride | None = None
+    transfers: tuple[Transfer, ...] = ()
+
+
+DEFAULT_ASSISTANT = Assistant(name="assistant", system="You are a helpful assistant.")
+
+
+class Config(_Section):
+    """The whole config file. The first assistant is the default for new sessions."""
+
+    model_swap: SwapPolicy | None = None
+    intelligence: Intelligence = Intelligence()
+    limits: Limits = Limits()
+    supervisor: SupervisorSettings = SupervisorSettings()
+    assistants: tuple[Assistant, ...] = (DEFAULT_ASSISTANT,)
+
+    def assistant(self, name: str) -> Assistant:
+        """The assistant called ``name``; KeyError when there is none."""
+        for assistant in self.assistants:
+            if assistant.name == name:
+                return assistant
+        raise KeyError(name)
+
+    @property
+    def default_assistant(self) -> Assistant:
+        return self.assistants[0]
+
+
+class ConfigIssue(msgspec.Struct, frozen=True):
+    """One problem with a config: where (a field path like ``assistants[1].transfers[0].mode``) and what."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class ConfigError(Exception):
+    """A config (file, flag or env value) that cannot be used; carries every issue found."""
+
+    def __init__(self, issues: list[ConfigIssue], source: str = "") -> None:
+        self.issues = issues
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(where + "; ".join(str(issue) for issue in issues))
+
+
+# --------------------------------------------------------------------------- durations
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"250ms"`` → 0.25, ``"10s"`` → 10.0, ``"2m"`` → 120.0, ``"1h"`` → 3600.0 (seconds)."""
+    match = _DURATION_RE.match(text)
+    if match is None:
+        raise ValueError(f"invalid duration {text!r}: expected a number and a unit (ms, s, m, h), like '250ms' or '10s'")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+# --------------------------------------------------------------------------- field-by-field checking
+
+
+def _struct_fields(cls: type) -> tuple[msgspec.structs.FieldInfo, ...]:
+    return msgspec.structs.fields(cls)
+
+
+def _is_struct(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, msgspec.Struct)
+
+
+def _accepted(values: list[Any]) -> str:
+    return ", ".join(repr(v) for v in values)
+
+
+def _leaf_message(error: msgspec.ValidationError) -> str:
+    # msgspec appends " - at `$...`"; we report our own path.
+    return str(error).split(" - at `", 1)[0]
+
+
+def _normalize(value: Any, annotation: Any, path: str, issues: list[ConfigIssue]) -> Any:
+    """Check ``value`` against ``annotation``; return it with durations converted, recording issues."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+
+    if _is_struct(annotation):
+        return _normalize_struct(value, annotation, path, issues)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        members = [a for a in args if a is not type(None)]
+        if len(members) == 1:
+            return _normalize(value, members[0], path, issues)
+        return _convert_leaf(value, annotation, path, issues)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if not isinstance(value, list):
+            issues.append(ConfigIssue(path, f"expected an array, got {_kind(value)}"))
+            return value
+        return [_normalize(item, args[0], f"{path}[{i}]", issues) for i, item in enumerate(value)]
+    if origin is Literal:
+        if value not in args:
+            issues.append(ConfigIssue(path, f"invalid value {value!r}; accepted values: {_accepted(list(args))}"))
+        return value
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        accepted = [member.value for member in annotation]
+        if value not in accepted:
+            issues.append(ConfigIssue(path, f"invalid value {value!r}; accepted values: {_accepted(accepted)}"))
+        return value
+    if origin is Annotated and any(
+        isinstance(meta, msgspec.Meta) and (meta.extra or {}).get("duration") for meta in args[1:]
+    ):
+        if not isinstance(value, str):
+            issues.append(ConfigIssue(path, f"expected a duration string like '10s' or '250ms', got {_kind(value)}"))
+            return value
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            issues.append(ConfigIssue(path, str(exc)))
+            return value
+        if seconds <= 0:
+            issues.append(ConfigIssue(path, f"duration must be greater than zero, got {value!r}"))
+        return seconds
+    return _convert_leaf(value, annotation, path, issues)
+
+
+def _normalize_struct(value: Any, cls: type, path: str, issues: list[ConfigIssue]) -> Any:
+    if not isinstance(value, dict):
+        issues.append(ConfigIssue(path, f"expected a table, got {_kind(value)}"))
+        return value
+    fields = {f.encode_name: f for f in _struct_fields(cls)}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        child = f"{path}.{key}" if path else key
+        field = fields.get(key)
+        if field is None:
+            issues.append(ConfigIssue(child, f"unknown key; accepted keys: {', '.join(fields)}"))
+            continue
+        out[key] = _normalize(item, field.type, child, issues)
+    for key, field in fields.items():
+        if field.required and key not in value:
+            issues.append(ConfigIssue(f"{path}.{key}" if path else key, "required key is missing"))
+    return out
+
+
+def _convert_leaf(value: Any, annotation: Any, path: str, issues: list[ConfigIssue]) -> Any:
+    try:
+        msgspec.convert(value, annotation)
+    except msgspec.ValidationError as exc:
+        issues.append(ConfigIssue(path, _leaf_message(exc)))
+    return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a float"}.get(
+        type(value), type(value).__name__
+    )
+
+
+# --------------------------------------------------------------------------- semantic checks
+
+
+def _semantic_issues(config: Config) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    names = [a.name for a in config.assistants]
+    if not config.assistants:
+        issues.append(ConfigIssue("assistants", "at least one assistant is required"))
+    seen: set[str] = set()
+    for i, assistant in enumerate(config.assistants):
+        if assistant.name in seen:
+            issues.append(ConfigIssue(f"assistants[{i}].name", f"duplicate assistant name {assistant.name!r}"))
+        seen.add(assistant.name)
+        destinations: set[str] = set()
+        for j, transfer in enumerate(assistant.transfers):
+            where = f"assistants[{i}].transfers[{j}].to"
+            if transfer.to not in names:
+                issues.append(ConfigIssue(where, f"no assistant named {transfer.to!r}; assistants: {', '.join(names)}"))
+            elif transfer.to == assistant.name:
+                issues.append(ConfigIssue(where, "an assistant cannot transfer to itself"))
+            elif transfer.to in destinations:
+                issues.append(ConfigIssue(where, f"duplicate transfer destination {transfer.to!r}"))
+            destinations.add(transfer.to)
+        intel = effective_intelligence(config, assistant.name)
+        where = f"assistants[{i}].intelligence" if assistant.intelligence else "intelligence"
+        issues.extend(_intelligence_issues(intel, where))
+    return _dedupe(issues)
+
+
+def _intelligence_issues(intel: Intelligence, where: str) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    if intel.provider != "scripted" and not intel.endpoints:
+        issues.append(ConfigIssue(f"{where}.endpoints", f"provider {intel.provider!r} needs at least one endpoint URL"))
+    for k, url in enumerate(intel.endpoints):
+        if not re.match(r"^https?://[^\s/]+", url):
+            issues.append(ConfigIssue(f"{where}.endpoints[{k}]", "expected an http:// or https:// URL"))
+        elif re.match(r"^https?://[^/\s]*@", url):
+            # Credentials in a URL would end up in logs; keys belong in the env var named by api_key_env.
+            issues.append(ConfigIssue(f"{where}.endpoints[{k}]", "credentials in endpoint URLs are not allowed; use api_key_env"))
+    return issues
+
+
+def _dedupe(issues: list[ConfigIssue]) -> list[ConfigIssue]:
+    return list(dict.fromkeys(issues))
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Parse and validate TOML text; raise ConfigError with every issue found."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([ConfigIssue("", f"invalid TOML: {exc}")], source) from None
+    issues: list[ConfigIssue] = []
+    normalized = _normalize(raw, Config, "", issues)
+    if issues:
+        raise ConfigError(issues, source)
+    try:
+        config = msgspec.convert(normalized, Config)
+    except msgspec.ValidationError as exc:  # a case the field walk missed; still name it
+        raise ConfigError([ConfigIssue("", _leaf_message(exc))], source) from None
+    semantic = _semantic_issues(config)
+    if semantic:
+        raise ConfigError(semantic, source)
+    return config
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a config file; raise ConfigError (naming the file) on any problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([ConfigIssue("", f"cannot read config file: {exc.strerror or exc}")], str(path)) from None
+    return parse_config(text, str(path))
+
+
+def quickstart_text() -> str:
+    """The built-in quickstart config (scripted model, no network) shipped inside the package."""
+    return resources.files("agentd").joinpath("quickstart.toml").read_text(encoding="utf-8")
+
+
+def quickstart_config() -> Config:
+    return parse_config(quickstart_text(), "<built-in quickstart>")
+
+
+def effective_intelligence(config: Config, assistant_name: str) -> Intelligence:
+    """The assistant's intelligence: its override merged over the default (options merged key-wise)."""
+    base = config.intelligence
+    override = config.assistant(assistant_name).intelligence
+    if override is None:
+        return base
+    changes: dict[str, Any] = {}
+    for field in ("provider", "endpoints", "model", "api_key_env"):
+        value = getattr(override, field)
+        if value is not None:
+            changes[field] = value
+    if override.options is not None:
+        changes["options"] = {**base.options, **override.options}
+    return msgspec.structs.replace(base, **changes)
+
+
+def intelligence_map(config: Config) -> dict[str, Intelligence]:
+    """Effective intelligence of every assistant, keyed by assistant name."""
+    return {a.name: effective_intelligence(config, a.name) for a in config.assistants}
+
+
+PolicySource = Literal["flag", "env", "file", "default"]
+
+
+class PolicyChoice(msgspec.Struct, frozen=True):
+    """The effective swap policy and where it came from."""
+
+    policy: SwapPolicy
+    source: PolicySource
+
+
+def _policy_value(value: str, where: str) -> SwapPolicy:
+    try:
+        return SwapPolicy(value)
+    except ValueError:
+        accepted = _accepted([p.value for p in SwapPolicy])
+        raise ConfigError([ConfigIssue(where, f"invalid value {value!r}; accepted values: {accepted}")]) from None
+
+
+def resolve_swap_policy(
+    flag: str | None, environ: Mapping[str, str] | None = None, file_value: SwapPolicy | None = None
+) -> PolicyChoice:
+    """Apply the precedence ``--model-swap`` > ``AGENTD_MODEL_SWAP`` > file ``model_swap`` > finish-on-old."""
+    env = os.environ if environ is None else environ
+    if flag:
+        return PolicyChoice(_policy_value(flag, "--model-swap"), "flag")
+    if env.get("AGENTD_MODEL_SWAP"):
+        return PolicyChoice(_policy_value(env["AGENTD_MODEL_SWAP"], "AGENTD_MODEL_SWAP"), "env")
+    if file_value is not None:
+        return PolicyChoice(file_value, "file")
+    return PolicyChoice(SwapPolicy.FINISH_ON_OLD, "default")

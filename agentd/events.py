@@ -1,0 +1,60 @@
+"""The event vocabulary: the one definition of every event name agentd emits.
+
+Two families share the ``component.action`` style: session events streamed to clients (SSE
+``event:`` names, carried from child to supervisor in ``Event`` frames) and log events (structlog
+``event`` field). Code refers to these constants, never to string literals.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- session events (SSE; spec/api.md) ----------------------------------------------------------
+TURN_STARTED: Final = "turn.started"
+STEP_DONE: Final = "step.done"
+DELTA: Final = "delta"
+TOOL_CALL: Final = "tool.call"
+TOOL_RESULT: Final = "tool.result"
+TRANSFER: Final = "transfer"
+SWAP_PARKED: Final = "swap.parked"
+SWAP_APPLIED: Final = "swap.applied"
+TURN_RESTARTED: Final = "turn.restarted"
+TURN_DONE: Final = "turn.done"
+SESSION_FAILED: Final = "session.failed"
+# Emitted when a model call begins; lets clients (and tests) know a step is in flight.
+STEP_STARTED: Final = "step.started"
+
+SESSION_EVENTS: Final = frozenset(
+    {
+        TURN_STARTED,
+        STEP_STARTED,
+        STEP_DONE,
+        DELTA,
+        TOOL_CALL,
+        TOOL_RESULT,
+        TRANSFER,
+        SWAP_PARKED,
+        SWAP_APPLIED,
+        TURN_RESTARTED,
+        TURN_DONE,
+        SESSION_FAILED,
+    }
+)
+
+# --- log events (DESIGN §3.9, §4, §9) -----------------------------------------------------------
+LOG_SWAP_SENT: Final = "intel.swap.sent"
+LOG_SWAP_PARKED: Final = "intel.swap.parked"
+LOG_SWAP_APPLIED: Final = "intel.swap.applied"
+LOG_TURN_RESTARTED: Final = "turn.restarted"
+LOG_TURN_DONE: Final = "turn.done"
+LOG_TURN_DISCARDED: Final = "turn.discarded"
+LOG_TOOL_REPLAYED: Final = "tool.replayed"
+LOG_CONFIG_RELOAD: Final = "config.reload"
+LOG_PROTOCOL_ERROR: Final = "protocol.error"
+LOG_CHILD_READY: Final = "child.ready"
+LOG_CHILD_EXIT: Final = "child.exit"
+LOG_CHILD_STDERR: Final = "child.stderr"
+LOG_CHILD_SHUTDOWN: Final = "child.shutdown"
+LOG_INTEL_ERROR: Final = "intel.error"
+LOG_INTEL_FAILOVER: Final = "intel.failover"
+LOG_TRANSFER: Final = "session.transfer"

@@ -1,0 +1,86 @@
+"""The provider interface the child loop calls, and the factory that builds one from config.
+
+A provider turns a history plus tool specs into one assistant message (one ``complete`` — a step's
+model call, never torn). Providers are built from an ``Intelligence`` and rebuilt on every swap,
+so endpoint health starts fresh with the new intelligence.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from agentd.budget import Usage
+from agentd.config import Intelligence
+from agentd.messages import AssistantMessage, Message
+from agentd.tools import ToolSpec
+
+__all__ = ["Completion", "CompletionRequest", "IntelError", "IntelErrorKind", "Provider", "build_provider"]
+
+
+class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One model call: the history to send, the tools offered, provider options, time left."""
+
+    messages: Sequence[Message]
+    tools: Sequence[ToolSpec] = ()
+    options: dict[str, Any] = {}
+    deadline: float | None = None  # anyio.current_time() by which the call must end
+
+
+class Completion(msgspec.Struct, frozen=True, kw_only=True):
+    """What one model call produced. ``message`` carries no bookkeeping (turn/model set by the loop)."""
+
+    message: AssistantMessage
+    usage: Usage = Usage()
+    model: str
+
+
+class IntelErrorKind(enum.StrEnum):
+    """Why a model call failed; decides whether the loop waits, fails over or gives up."""
+
+    UNAVAILABLE = "unavailable"  # every endpoint down or retries spent: wait and retry until the deadline
+    REQUEST = "request"  # the request was rejected (4xx): retrying the same request cannot help
+    AUTH = "auth"  # 401/403: credentials wrong
+    MALFORMED = "malformed"  # the server answered something that is not the wire format
+
+
+class IntelError(Exception):
+    """A model call that failed. The message never contains credentials."""
+
+    def __init__(self, kind: IntelErrorKind, message: str) -> None:
+        self.kind = kind
+        super().__init__(message)
+
+
+class Provider(Protocol):
+    """A model client bound to one intelligence (provider, endpoints, model, options)."""
+
+    intelligence: Intelligence
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        """Call the model once. Raises IntelError on failure."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+def build_provider(intelligence: Intelligence) -> Provider:
+    """A fresh client for ``intelligence`` (fresh endpoint health: used on start and every swap)."""
+    if intelligence.provider == "scripted":
+        from agentd.intel.scripted import ScriptedProvider
+
+        return ScriptedProvider(intelligence)
+    if intelligence.provider == "ollama":
+        from agentd.intel.ollama import OllamaProvider  # type: ignore[import-not-found]
+
+        return OllamaProvider(intelligence)
+    if intelligence.provider == "openai":
+        from agentd.intel.openai import OpenAIProvider  # type: ignore[import-not-found]
+
+        return OpenAIProvider(intelligence)
+    raise ValueError(f"unknown provider {intelligence.provider!r}")

@@ -1,0 +1,332 @@
+"""The control protocol between supervisor and child: the one definition of every frame.
+
+Framing: a u32 big-endian payload length, then the payload — one msgpack-encoded frame. Frames
+are msgspec Structs tagged by ``type``. The length is checked against ``MAX_FRAME_BYTES`` before
+anything is allocated for the payload; an oversize or undecodable frame raises ``ProtocolError``.
+
+Direction: ``→`` supervisor to child, ``←`` child to supervisor. See rfcs/0001-control-protocol.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Any
+
+import anyio
+import msgspec
+from anyio.abc import ByteStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from agentd.budget import TurnStatus, Usage
+from agentd.config import Config, Intelligence, Limits, SwapPolicy
+from agentd.messages import Message, UserMessage
+
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "PROTOCOL_VERSION",
+    "Cancel",
+    "Close",
+    "Discarded",
+    "Event",
+    "Failed",
+    "Frame",
+    "FrameChannel",
+    "FrameDecoder",
+    "Input",
+    "Open",
+    "Ping",
+    "Pong",
+    "ProtocolError",
+    "Ready",
+    "Shutdown",
+    "Spawn",
+    "SwapAck",
+    "SwapApplied",
+    "SwapIntel",
+    "SwapKind",
+    "SwapPolicy",
+    "TurnDiscarded",
+    "TurnDone",
+    "decode_payload",
+    "encode_frame",
+]
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+
+class ProtocolError(Exception):
+    """A frame that cannot be read: oversize, truncated, or not a valid frame."""
+
+
+class SwapKind(enum.StrEnum):
+    """``model``: the model (or provider) changed. ``repoint``: only endpoints/options changed."""
+
+    MODEL = "model"
+    REPOINT = "repoint"
+
+
+class _Frame(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
+    pass
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+class Spawn(_Frame, tag="spawn", kw_only=True):
+    """→ First frame to a new child: who it is and the config generation it starts on."""
+
+    child_id: str
+    protocol_version: int = PROTOCOL_VERSION
+    generation: int
+    policy: SwapPolicy
+    config: Config
+
+
+class Ready(_Frame, tag="ready", kw_only=True):
+    """← The child accepted Spawn and reads control frames."""
+
+    child_id: str
+    pid: int
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class Ping(_Frame, tag="ping", kw_only=True):
+    """→ Liveness probe; answered by Pong with the same ``seq`` even while a model call runs."""
+
+    seq: int
+
+
+class Pong(_Frame, tag="pong", kw_only=True):
+    """← Answer to Ping."""
+
+    seq: int
+
+
+class Shutdown(_Frame, tag="shutdown", kw_only=True):
+    """→ Start nothing new; let running turns end within ``grace`` seconds; then exit 0."""
+
+    grace: float
+
+
+class Failed(_Frame, tag="failed", kw_only=True):
+    """← Something the child could not do. ``session`` unset = the child itself is failing."""
+
+    error: str
+    session: str | None = None
+    turn: str | None = None
+
+
+# --------------------------------------------------------------------------- sessions and turns
+
+
+class Open(_Frame, tag="open", kw_only=True):
+    """→ Host a session in this child, restored from its committed transcript."""
+
+    session: str
+    assistant: str
+    transcript: list[Message] = []
+
+
+class Close(_Frame, tag="close", kw_only=True):
+    """→ Stop hosting a session (its in-flight turn, if any, is cancelled)."""
+
+    session: str
+
+
+class Input(_Frame, tag="input", kw_only=True):
+    """→ Run one turn. ``message`` unset = an opener turn (the assistant speaks first)."""
+
+    session: str
+    turn: str
+    message: UserMessage | None = None
+
+
+class Cancel(_Frame, tag="cancel", kw_only=True):
+    """→ Cancel the session's in-flight turn (``turn`` unset = whatever turn is running)."""
+
+    session: str
+    turn: str | None = None
+
+
+class Event(_Frame, tag="event", kw_only=True):
+    """← A progress event for streaming (names in agentd.events)."""
+
+    session: str
+    name: str
+    turn: str | None = None
+    data: dict[str, Any] = {}
+
+
+class Discarded(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A turn attempt thrown away by restart-turn."""
+
+    model: str
+    steps: int
+    reason: str
+    usage: Usage = Usage()
+
+
+class TurnDiscarded(_Frame, tag="turn_discarded", kw_only=True):
+    """← A turn attempt was discarded (restart-turn); the turn re-runs on the new model."""
+
+    session: str
+    turn: str
+    model: str
+    steps: int
+    reason: str
+    usage: Usage = Usage()
+
+
+class TurnDone(_Frame, tag="turn_done", kw_only=True):
+    """← A turn ended. ``messages`` are what it appended (the input message excluded)."""
+
+    session: str
+    turn: str
+    status: TurnStatus
+    assistant: str
+    messages: list[Message] = []
+    models: list[str] = []
+    steps: int = 0
+    restarts: int = 0
+    discarded: list[Discarded] = []
+    usage: Usage = Usage()
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------- swaps
+
+
+class SwapIntel(_Frame, tag="swap_intel", kw_only=True):
+    """→ A reload changed intelligence. Carries every assistant's effective intelligence."""
+
+    generation: int
+    policy: SwapPolicy
+    intelligence: dict[str, Intelligence]
+    limits: Limits = Limits()
+
+
+class SwapAck(_Frame, tag="swap_ack", kw_only=True):
+    """← SwapIntel received and parked (sent at once, before it is applied)."""
+
+    generation: int
+
+
+class SwapApplied(_Frame, tag="swap_applied", kw_only=True):
+    """← A session adopted a parked swap at a turn boundary."""
+
+    session: str
+    generation: int
+    kind: SwapKind
+    model_from: str
+    model_to: str
+    policy: SwapPolicy
+    turn: str | None = None
+
+
+Frame = (
+    Spawn
+    | Ready
+    | Ping
+    | Pong
+    | Shutdown
+    | Failed
+    | Open
+    | Close
+    | Input
+    | Cancel
+    | Event
+    | TurnDiscarded
+    | TurnDone
+    | SwapIntel
+    | SwapAck
+    | SwapApplied
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[Frame] = msgspec.msgpack.Decoder(Frame)  # type: ignore[arg-type]
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """Length prefix + msgpack payload. Raises ProtocolError when the payload exceeds the cap."""
+    payload = _encoder.encode(frame)
+    if len(payload) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame {type(frame).__name__} is {len(payload)} bytes; the cap is {MAX_FRAME_BYTES}")
+    return _HEADER.pack(len(payload)) + payload
+
+
+def decode_payload(payload: bytes) -> Frame:
+    """One payload (without its length prefix) → a frame, or ProtocolError."""
+    try:
+        return _decoder.decode(payload)
+    except (msgspec.MsgspecError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"undecodable frame: {exc}") from None
+
+
+def _check_length(length: int) -> None:
+    if length > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame length {length} exceeds the cap of {MAX_FRAME_BYTES} bytes")
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes as they arrive, get whole frames back."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Append bytes; return every frame now complete. Raises ProtocolError on bad input."""
+        self._buffer += data
+        frames: list[Frame] = []
+        while len(self._buffer) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(self._buffer)
+            _check_length(length)
+            end = _HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            payload = bytes(self._buffer[_HEADER.size : end])
+            del self._buffer[:end]
+            frames.append(decode_payload(payload))
+        return frames
+
+    @property
+    def pending(self) -> int:
+        """Bytes held that do not yet make a whole frame (non-zero at EOF = truncated)."""
+        return len(self._buffer)
+
+
+class FrameChannel:
+    """Frames over a byte stream (a unix socket on a dedicated fd). Sends are serialized."""
+
+    def __init__(self, stream: ByteStream) -> None:
+        self._stream = stream
+        self._receiver = BufferedByteReceiveStream(stream)
+        self._send_lock = anyio.Lock()
+
+    async def send(self, frame: Frame) -> None:
+        data = encode_frame(frame)
+        async with self._send_lock:
+            await self._stream.send(data)
+
+    async def receive(self) -> Frame | None:
+        """The next frame; None at a clean end of stream. ProtocolError when truncated or invalid."""
+        try:
+            header = await self._receiver.receive_exactly(_HEADER.size)
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            if self._receiver.buffer:
+                raise ProtocolError("stream ended inside a frame header") from None
+            return None
+        (length,) = _HEADER.unpack(header)
+        _check_length(length)
+        try:
+            payload = await self._receiver.receive_exactly(length) if length else b""
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
+            raise ProtocolError(f"stream ended inside a {length}-byte frame") from None
+        return decode_payload(payload)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
