@@ -76,7 +76,9 @@ ProviderName = Literal["scripted", "ollama", "openai"]
 
 _DURATION = {"duration": True}
 Seconds = Annotated[float, msgspec.Meta(gt=0, extra=_DURATION)]
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+# Assistant names become tool names ("transfer_to_<name>"), which providers limit to [A-Za-z0-9_-]{1,64}.
+TRANSFER_TOOL_PREFIX = "transfer_to_"
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64 - len(TRANSFER_TOOL_PREFIX), pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")]
 EnvVarName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 ToolRef = Annotated[str, msgspec.Meta(min_length=1, pattern=r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")]
 
@@ -323,16 +325,22 @@ def _semantic_issues(config: Config) -> list[ConfigIssue]:
             elif transfer.to in destinations:
                 issues.append(ConfigIssue(where, f"duplicate transfer destination {transfer.to!r}"))
             destinations.add(transfer.to)
-        intel = effective_intelligence(config, assistant.name)
-        where = f"assistants[{i}].intelligence" if assistant.intelligence else "intelligence"
-        issues.extend(_intelligence_issues(intel, where))
+        for k, tool in enumerate(assistant.tools):
+            if tool.rpartition(":")[2].startswith(TRANSFER_TOOL_PREFIX):
+                issues.append(ConfigIssue(f"assistants[{i}].tools[{k}]", f"tool names starting with {TRANSFER_TOOL_PREFIX!r} are reserved for transfers"))
+        # Report a problem where it is written: an inherited default is reported once, at its own path.
+        override = assistant.intelligence
+        own = f"assistants[{i}].intelligence"
+        urls_at = own if override is not None and override.endpoints is not None else "intelligence"
+        missing_at = own if override is not None and (override.provider or override.endpoints is not None) else "intelligence"
+        issues.extend(_intelligence_issues(effective_intelligence(config, assistant.name), missing_at, urls_at))
     return _dedupe(issues)
 
 
-def _intelligence_issues(intel: Intelligence, where: str) -> list[ConfigIssue]:
+def _intelligence_issues(intel: Intelligence, missing_at: str, where: str) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     if intel.provider != "scripted" and not intel.endpoints:
-        issues.append(ConfigIssue(f"{where}.endpoints", f"provider {intel.provider!r} needs at least one endpoint URL"))
+        issues.append(ConfigIssue(f"{missing_at}.endpoints", f"provider {intel.provider!r} needs at least one endpoint URL"))
     for k, url in enumerate(intel.endpoints):
         if not re.match(r"^https?://[^\s/]+", url):
             issues.append(ConfigIssue(f"{where}.endpoints[{k}]", "expected an http:// or https:// URL"))

@@ -79,7 +79,8 @@ class Spawn(_Frame, tag="spawn", kw_only=True):
     """→ First frame to a new child: who it is and the config generation it starts on."""
 
     child_id: str
-    protocol_version: int = PROTOCOL_VERSION
+    # A default factory makes msgspec always write the field (omit_defaults would drop a plain default).
+    protocol_version: int = msgspec.field(default_factory=lambda: PROTOCOL_VERSION)
     generation: int
     policy: SwapPolicy
     config: Config
@@ -90,7 +91,8 @@ class Ready(_Frame, tag="ready", kw_only=True):
 
     child_id: str
     pid: int
-    protocol_version: int = PROTOCOL_VERSION
+    # A default factory makes msgspec always write the field (omit_defaults would drop a plain default).
+    protocol_version: int = msgspec.field(default_factory=lambda: PROTOCOL_VERSION)
 
 
 class Ping(_Frame, tag="ping", kw_only=True):

@@ -66,8 +66,11 @@ class Tool:
         self.name = name or fn.__name__
         self._arguments_type = _arguments_struct(fn, self.name)
         schema = msgspec.json.schema(self._arguments_type)
-        parameters = schema.get("$defs", {}).get(self._arguments_type.__name__, {"type": "object", "properties": {}})
+        defs = schema.get("$defs", {})
+        parameters = defs.pop(self._arguments_type.__name__, {"type": "object", "properties": {}})
         parameters.pop("title", None)
+        if defs:  # nested Structs are referenced from the parameters: keep their definitions
+            parameters["$defs"] = defs
         self.spec = ToolSpec(
             name=self.name,
             description=inspect.getdoc(fn) or "",
@@ -89,7 +92,11 @@ class Tool:
                 result = await anyio.to_thread.run_sync(lambda: self.fn(**kwargs))
         except Exception as exc:  # a tool's failure is the model's information, not our crash
             return ToolOutcome(f"tool {self.name!r} failed: {type(exc).__name__}: {exc}", is_error=True)
-        return ToolOutcome(result if isinstance(result, str) else msgspec.json.encode(result).decode())
+        try:
+            content = result if isinstance(result, str) else msgspec.json.encode(result).decode()
+        except (TypeError, msgspec.EncodeError) as exc:
+            return ToolOutcome(f"tool {self.name!r} returned a value that is not JSON: {exc}", is_error=True)
+        return ToolOutcome(content)
 
 
 def _arguments_struct(fn: Callable[..., Any], name: str) -> type[msgspec.Struct]:

@@ -478,12 +478,6 @@ def test_invalid_policy_values_name_accepted_values(flag: str | None, env: dict[
     assert all(value in message for value in ACCEPTED_POLICIES)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: agentd/config.py _semantic_issues attributes issues of inherited default endpoints to "
-    "assistants[i].intelligence.endpoints whenever the assistant has any override (a path not in the file), "
-    "and reports the same mistake twice",
-)
 def test_error_in_inherited_default_endpoint_is_reported_once_at_its_own_path() -> None:
     issues = issues_of(
         """

@@ -236,11 +236,6 @@ def test_frames_are_tagged_by_type_field() -> None:
         assert raw["type"] == tag_of(type(sample))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: protocol_version is omitted on the wire (omit_defaults drops a field equal to its default), "
-    "so a receiver substitutes its own PROTOCOL_VERSION and can never detect a mismatch",
-)
 @pytest.mark.parametrize(
     "frame",
     [
@@ -254,7 +249,6 @@ def test_protocol_version_is_on_the_wire(frame: Any) -> None:
     assert raw.get("protocol_version") == PROTOCOL_VERSION
 
 
-@pytest.mark.xfail(strict=True, reason="bug: protocol_version omitted on the wire (see test_protocol_version_is_on_the_wire)")
 def test_version_mismatch_is_visible_to_the_receiver() -> None:
     """A peer built with a newer PROTOCOL_VERSION must read *our* version from our Ready, not its own."""
     peer_version = PROTOCOL_VERSION + 1

@@ -156,22 +156,12 @@ async def test_exception_becomes_error_outcome_with_the_message(ref: str, kind: 
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: agentd/tools.py Tool.invoke JSON-encodes the result outside its try block, "
-    "so a result that is not JSON-encodable raises TypeError instead of an error outcome",
-)
 async def test_unencodable_result_is_an_error_outcome() -> None:
     outcome = await resolve_tool(f"{EX}:opaque").invoke({})
     assert outcome.is_error
     assert "opaque" in outcome.content
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: agentd/tools.py Tool.__init__ keeps only the arguments struct from the schema's $defs, "
-    "so a parameter typed with a Struct is left as a dangling '#/$defs/Point' reference",
-)
 def test_struct_parameter_schema_has_no_dangling_refs() -> None:
     params = resolve_tool(f"{EX}:manhattan").spec.parameters
     ref = params["properties"]["p"].get("$ref")

@@ -1,0 +1,185 @@
+"""The child's runtime: reads control frames concurrently with the turns it runs.
+
+The control reader is its own task, so a Ping or a SwapIntel is answered while a model call or a
+tool call is in flight. Each turn runs in a task of the child's task group; sends are serialized
+by the channel. A closed channel means the supervisor is gone: the child exits.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import anyio
+
+from agentd import events
+from agentd.child.session import ChildSession
+from agentd.child.turn import run_turn
+from agentd.config import Intelligence, intelligence_map
+from agentd.obs import get_logger
+from agentd.protocol import (
+    Cancel,
+    Close,
+    Failed,
+    Frame,
+    FrameChannel,
+    Input,
+    Open,
+    Ping,
+    Pong,
+    ProtocolError,
+    Shutdown,
+    Spawn,
+    SwapAck,
+    SwapIntel,
+)
+from agentd.tools import Tool, resolve_tools
+
+__all__ = ["ChildRuntime", "EXIT_PROTOCOL_ERROR"]
+
+EXIT_PROTOCOL_ERROR = 3
+log = get_logger("child")
+
+
+class ChildRuntime:
+    """Hosts sessions for one child process until Shutdown or the channel closes."""
+
+    def __init__(self, channel: FrameChannel, spawn: Spawn) -> None:
+        self.channel = channel
+        self.child_id = spawn.child_id
+        self.config = spawn.config
+        self.generation = spawn.generation
+        self.policy = spawn.policy
+        self.limits = spawn.config.limits
+        self.intelligence: dict[str, Intelligence] = intelligence_map(spawn.config)
+        # Resolved once: a tool that cannot be imported fails the spawn, not a turn.
+        self.toolboxes: dict[str, dict[str, Tool]] = {a.name: resolve_tools(a.tools) for a in spawn.config.assistants}
+        self.sessions: dict[str, ChildSession] = {}
+        self.draining = False
+        self.exit_code = 0
+        self._done = anyio.Event()
+        self._idle = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def run(self) -> int:
+        """Serve until told to stop; return the process exit code."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._read_control)
+            await self._done.wait()
+            tg.cancel_scope.cancel()
+        return self.exit_code
+
+    def _stop(self, code: int) -> None:
+        self.exit_code = code
+        self._done.set()
+
+    async def send(self, frame: Frame) -> None:
+        """Send a frame; a broken channel means the supervisor is gone, so stop."""
+        try:
+            await self.channel.send(frame)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self._stop(0)
+
+    async def _read_control(self) -> None:
+        while True:
+            try:
+                frame = await self.channel.receive()
+            except ProtocolError as exc:
+                print(f"agentd.child: protocol error from supervisor: {exc}", file=sys.stderr, flush=True)
+                self._stop(EXIT_PROTOCOL_ERROR)
+                return
+            if frame is None:
+                log.info("child.parent_gone", child=self.child_id)
+                self._stop(0)
+                return
+            try:
+                await self._dispatch(frame)
+            except ProtocolError as exc:
+                print(f"agentd.child: protocol error from supervisor: {exc}", file=sys.stderr, flush=True)
+                self._stop(EXIT_PROTOCOL_ERROR)
+                return
+
+    async def _dispatch(self, frame: Frame) -> None:
+        match frame:
+            case Ping(seq=seq):
+                await self.send(Pong(seq=seq))
+            case SwapIntel():
+                await self._on_swap(frame)
+            case Input():
+                await self._on_input(frame)
+            case Cancel(session=session_id, turn=turn):
+                session = self.sessions.get(session_id)
+                if session and session.turn_scope and (turn is None or turn == session.turn_id):
+                    session.turn_scope.cancel()
+            case Open():
+                await self._on_open(frame)
+            case Close(session=session_id):
+                session = self.sessions.pop(session_id, None)
+                if session and session.turn_scope:
+                    session.turn_scope.cancel()
+            case Shutdown(grace=grace):
+                assert self._tg is not None
+                self._tg.start_soon(self._drain, grace)
+            case _:
+                raise ProtocolError(f"unexpected frame {type(frame).__name__!r} from the supervisor")
+
+    async def _on_swap(self, frame: SwapIntel) -> None:
+        # Ack first: receipt is acknowledged at once; applying waits for each session's boundary.
+        await self.send(SwapAck(generation=frame.generation))
+        self.generation, self.policy, self.limits = frame.generation, frame.policy, frame.limits
+        self.intelligence = dict(frame.intelligence)
+        for session in list(self.sessions.values()):
+            await session.park(frame)
+
+    async def _on_open(self, frame: Open) -> None:
+        if frame.session in self.sessions:
+            await self.send(Failed(session=frame.session, error=f"session {frame.session} is already open here"))
+            return
+        try:
+            session = ChildSession(frame.session, frame.assistant, list(frame.transcript), self.intelligence,
+                                   self.limits, self.generation, self.policy, self.send)
+        except KeyError:
+            await self.send(Failed(session=frame.session, error=f"unknown assistant {frame.assistant!r}"))
+            return
+        self.sessions[frame.session] = session
+
+    async def _on_input(self, frame: Input) -> None:
+        session = self.sessions.get(frame.session)
+        reason = None
+        if self.draining:
+            reason = "the child is shutting down"
+        elif session is None:
+            reason = f"session {frame.session} is not open in this child"
+        elif session.running:
+            reason = f"session {frame.session} already runs turn {session.turn_id}"
+        if reason is not None or session is None:
+            await self.send(Failed(session=frame.session, turn=frame.turn, error=reason or "no session"))
+            return
+        session.turn_id = frame.turn  # mark busy before the task starts: a second Input is refused
+        assert self._tg is not None
+        self._tg.start_soon(self._turn_task, session, frame)
+
+    async def _turn_task(self, session: ChildSession, frame: Input) -> None:
+        try:
+            done = await run_turn(session, frame.turn, frame.message, self.toolboxes[session.assistant])
+            await self.send(done)
+            await session.apply_parked(turn=None)  # idle now: its boundary is now
+        except Exception as exc:  # a loop bug must not take the other sessions down
+            log.exception("turn.crashed", session=session.id, turn=frame.turn)
+            await self.send(Failed(session=session.id, turn=frame.turn, error=f"{type(exc).__name__}: {exc}"))
+        finally:
+            if not any(s.running for s in self.sessions.values()):
+                self._idle.set()
+
+    async def _drain(self, grace: float) -> None:
+        """Start nothing new; let running turns end within ``grace``; then exit 0."""
+        self.draining = True
+        log.info(events.LOG_CHILD_SHUTDOWN, child=self.child_id, grace=grace)
+        with anyio.move_on_after(grace):
+            while any(s.running for s in self.sessions.values()):
+                self._idle = anyio.Event()
+                await self._idle.wait()
+        self._stop(0)
+
+

@@ -1,0 +1,129 @@
+"""One session hosted by a child: its transcript, its provider, and its swap slot.
+
+This is where a swap gets applied. ``park`` puts a SwapIntel in the slot (latest wins) the moment
+it arrives; ``apply_parked`` drains the slot at a turn boundary — the top of a turn, the end of a
+turn, or at once when the session is idle — rebuilding the provider client and adopting the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from agentd import events
+from agentd.config import Intelligence, Limits, SwapPolicy
+from agentd.intel import Provider, build_provider
+from agentd.messages import Message
+from agentd.obs import get_logger
+from agentd.protocol import Event, Frame, SwapApplied, SwapIntel, SwapKind
+from agentd.swap import classify_swap, restart_due
+
+__all__ = ["ChildSession", "SendFrame"]
+
+SendFrame = Callable[[Frame], Awaitable[None]]
+log = get_logger("child")
+
+
+class ChildSession:
+    """State of one session inside a child process."""
+
+    def __init__(
+        self,
+        session_id: str,
+        assistant: str,
+        transcript: list[Message],
+        intelligence: dict[str, Intelligence],
+        limits: Limits,
+        generation: int,
+        policy: SwapPolicy,
+        send: SendFrame,
+    ) -> None:
+        if assistant not in intelligence:
+            raise KeyError(assistant)
+        self.id = session_id
+        self.assistant = assistant
+        self.transcript = transcript
+        self.generation = generation
+        self.policy = policy
+        self.limits = limits
+        self.intelligence = dict(intelligence)
+        self.provider: Provider = build_provider(self.current_intelligence)
+        self.parked: SwapIntel | None = None
+        self.turn_id: str | None = None
+        self.turn_scope: anyio.CancelScope | None = None
+        self.swap_parked_event = anyio.Event()
+        self.send = send
+
+    @property
+    def current_intelligence(self) -> Intelligence:
+        """The effective intelligence of the session's current assistant."""
+        return self.intelligence[self.assistant]
+
+    @property
+    def running(self) -> bool:
+        return self.turn_id is not None
+
+    async def emit(self, event: str, turn: str | None = None, /, **data: Any) -> None:
+        """Stream a session event to the supervisor."""
+        await self.send(Event(session=self.id, turn=turn, name=event, data=data))
+
+    async def park(self, frame: SwapIntel) -> None:
+        """Put a swap in the slot (latest wins). An idle session applies it at once."""
+        self.parked = frame
+        self.swap_parked_event.set()
+        if not self.running:
+            await self.apply_parked(turn=None)
+            return
+        target = frame.intelligence.get(self.assistant, self.current_intelligence)
+        log.info(events.LOG_SWAP_PARKED, session=self.id, turn=self.turn_id, generation=frame.generation,
+                 model_from=self.current_intelligence.model, model_to=target.model, policy=frame.policy.value)
+        await self.emit(events.SWAP_PARKED, self.turn_id, generation=frame.generation,
+                        model_from=self.current_intelligence.model, model_to=target.model, policy=frame.policy.value)
+
+    def restart_due(self, restarts: int) -> bool:
+        """Whether the in-flight turn must be discarded and re-run (restart-turn, model changed)."""
+        return restart_due(self.parked, self.assistant, self.current_intelligence, restarts, self.limits.max_turn_restarts)
+
+    def repoint_parked(self) -> bool:
+        """Whether the slot holds a swap that leaves this session's model unchanged but changes its endpoints."""
+        if self.parked is None:
+            return False
+        target = self.parked.intelligence.get(self.assistant, self.current_intelligence)
+        return classify_swap(self.current_intelligence, target) is SwapKind.REPOINT
+
+    async def apply_parked(self, turn: str | None) -> SwapKind | None:
+        """Drain the slot: adopt the new generation and, if this session's intelligence changed, rebuild its client."""
+        frame, self.parked = self.parked, None
+        self.swap_parked_event = anyio.Event()
+        if frame is None:
+            return None
+        old = self.current_intelligence
+        self.intelligence = dict(frame.intelligence)
+        self.generation = frame.generation
+        self.policy = frame.policy
+        self.limits = frame.limits
+        new = self.current_intelligence
+        kind = classify_swap(old, new)
+        if kind is None:
+            return None
+        await self.replace_provider()
+        log.info(events.LOG_SWAP_APPLIED, session=self.id, turn=turn, generation=frame.generation, kind=kind.value,
+                 model_from=old.model, model_to=new.model, policy=frame.policy.value)
+        await self.send(SwapApplied(session=self.id, generation=frame.generation, kind=kind, model_from=old.model,
+                                     model_to=new.model, policy=frame.policy, turn=turn))
+        await self.emit(events.SWAP_APPLIED, turn, generation=frame.generation, kind=kind.value,
+                        model_from=old.model, model_to=new.model, policy=frame.policy.value)
+        return kind
+
+    async def replace_provider(self) -> None:
+        """A fresh client for the current intelligence (fresh endpoint health)."""
+        old, self.provider = self.provider, build_provider(self.current_intelligence)
+        with anyio.CancelScope(shield=True):
+            await old.aclose()
+
+    def switch_assistant(self, name: str) -> Intelligence:
+        """After a transfer: the session now runs on ``name``'s effective intelligence."""
+        self.assistant = name
+        return self.current_intelligence

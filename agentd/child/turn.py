@@ -1,0 +1,260 @@
+"""The step-budgeted agent loop: one turn, possibly several attempts under restart-turn.
+
+A turn is one or more *attempts*. An attempt runs steps (a model call, then the tool calls it asked
+for) within a fresh budget until it ends with a status — or until a restart-turn model swap is
+parked, in which case it stops at the next checkpoint: work already running (a model call, a tool
+call) always completes; nothing new of the attempt starts. The attempt's messages are discarded,
+the swap is applied, and the turn re-runs from the pre-turn transcript. Tools that ran in a
+discarded attempt are not run again for the same arguments: their recorded results are replayed,
+unless the tool is declared free of side effects.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import anyio
+import msgspec
+
+from agentd import events
+from agentd.budget import TurnBudget, TurnStatus, Usage, call_key
+from agentd.child.session import ChildSession
+from agentd.intel import CompletionRequest, IntelError
+from agentd.intel.base import Completion, IntelErrorKind
+from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, UserMessage, is_empty_assistant
+from agentd.obs import get_logger
+from agentd.protocol import Discarded, TurnDiscarded, TurnDone
+from agentd.tools import Tool, ToolOutcome
+
+__all__ = ["run_turn"]
+
+log = get_logger("child")
+
+_RESULT_EVENT_CHARS = 2000
+_INTEL_BACKOFF_START = 0.5
+_INTEL_BACKOFF_MAX = 10.0
+
+Replay = dict[str, list[ToolOutcome]]
+
+
+class _Restart(Exception):
+    """Raised at a checkpoint when a restart-turn model swap is parked."""
+
+
+@dataclass
+class _Attempt:
+    """One run of the turn's steps on one model, within one budget."""
+
+    session: ChildSession
+    turn: str
+    base: list[Message]
+    tools: Mapping[str, Tool]
+    replay: Replay
+    restarts: int
+    messages: list[Message] = field(default_factory=list)
+    used: Replay = field(default_factory=dict)
+    budget: TurnBudget | None = None
+    waiting_for_intel: bool = False
+    error: str | None = None
+    model: str = ""
+
+    async def run(self) -> TurnStatus:
+        """Run steps until a status ends the attempt; raises _Restart at a checkpoint if due."""
+        limits = self.session.limits
+        self.budget = TurnBudget(limits, anyio.current_time())
+        self.model = self.session.current_intelligence.model
+        with anyio.move_on_after(limits.deadline) as deadline_scope:
+            status = await self._steps()
+        if deadline_scope.cancelled_caught:
+            status = TurnStatus.INTEL_UNAVAILABLE if self.waiting_for_intel else TurnStatus.DEADLINE
+        self.close_unpaired(status)
+        return status
+
+    def checkpoint(self) -> None:
+        if self.session.restart_due(self.restarts):
+            raise _Restart
+
+    async def _steps(self) -> TurnStatus:
+        assert self.budget is not None
+        while True:
+            self.checkpoint()
+            if (status := self.budget.before_step()) is not None:
+                return status
+            step = self.budget.steps + 1
+            await self.session.emit(events.STEP_STARTED, self.turn, step=step, model=self.model)
+            completion = await self._call_model()
+            if isinstance(completion, TurnStatus):
+                return completion
+            message = msgspec.structs.replace(
+                completion.message, model=completion.model, turn=self.turn, assistant=self.session.assistant
+            )
+            if not is_empty_assistant(message):
+                self.messages.append(message)
+            over_budget = self.budget.after_step(completion.usage)
+            await self.session.emit(
+                events.STEP_DONE, self.turn, step=step, model=completion.model,
+                usage=msgspec.to_builtins(completion.usage), tool_calls=[c.name for c in message.tool_calls],
+                content=message.content, thinking=message.thinking,
+            )
+            # A restart-turn swap that landed during this call discards even a final answer.
+            self.checkpoint()
+            if over_budget is not None:
+                return over_budget
+            if not message.tool_calls:
+                return TurnStatus.COMPLETED
+            for call in message.tool_calls:
+                self.checkpoint()
+                if (status := self.budget.before_tool(call.name, call.arguments)) is not None:
+                    return status
+                await self._run_tool(call)
+
+    async def _call_model(self) -> Completion | TurnStatus:
+        """One model call. While every endpoint is down, wait (jittered backoff) until the deadline."""
+        backoff = _INTEL_BACKOFF_START
+        while True:
+            request = CompletionRequest(
+                messages=self.base + self.messages,
+                tools=[tool.spec for tool in self.tools.values()],
+                options=self.session.current_intelligence.options,
+                deadline=self.budget.deadline_at if self.budget else None,
+            )
+            try:
+                completion = await self.session.provider.complete(request)
+            except IntelError as exc:
+                log.warning(events.LOG_INTEL_ERROR, session=self.session.id, turn=self.turn, kind=exc.kind.value, error=str(exc))
+                if exc.kind is not IntelErrorKind.UNAVAILABLE:
+                    self.error = str(exc)
+                    return TurnStatus.FAILED
+                self.waiting_for_intel = True
+                await self._wait_for_intel(backoff)
+                backoff = min(backoff * 2, _INTEL_BACKOFF_MAX)
+                continue
+            self.waiting_for_intel = False
+            return completion
+
+    async def _wait_for_intel(self, backoff: float) -> None:
+        """Sleep before retrying; a parked swap ends the wait early.
+
+        Nothing of the step is in flight while we wait, so a parked repoint (same model, new
+        endpoints — the usual fix for a dead endpoint) is applied now; a restart-turn model swap
+        restarts the turn; a finish-on-old model swap keeps waiting on the old model.
+        """
+        with anyio.move_on_after(backoff * random.uniform(0.5, 1.0)):
+            await self.session.swap_parked_event.wait()
+        self.checkpoint()
+        if self.session.repoint_parked():
+            await self.session.apply_parked(self.turn)
+
+    async def _run_tool(self, call: ToolCall) -> None:
+        await self.session.emit(events.TOOL_CALL, self.turn, id=call.id, name=call.name, arguments=call.arguments)
+        replayed = False
+        tool = self.tools.get(call.name)
+        if call.arguments_error is not None:
+            outcome = ToolOutcome(f"invalid arguments for tool {call.name!r}: {call.arguments_error}", is_error=True)
+        elif tool is None:
+            available = ", ".join(self.tools) or "none"
+            outcome = ToolOutcome(f"unknown tool {call.name!r}; available tools: {available}", is_error=True)
+        else:
+            key = call_key(call.name, call.arguments)
+            recorded = self.replay.get(key)
+            if recorded and not tool.spec.side_effect_free:
+                outcome, replayed = recorded.pop(0), True
+                log.info(events.LOG_TOOL_REPLAYED, session=self.session.id, turn=self.turn, tool=call.name)
+            else:
+                outcome = await tool.invoke(call.arguments)
+            self.used.setdefault(key, []).append(outcome)
+        self.messages.append(
+            ToolResult(turn=self.turn, name=call.name, content=outcome.content, call_id=call.id, is_error=outcome.is_error)
+        )
+        await self.session.emit(
+            events.TOOL_RESULT, self.turn, id=call.id, name=call.name, is_error=outcome.is_error,
+            replayed=replayed, content=outcome.content[:_RESULT_EVENT_CHARS],
+        )
+
+    def close_unpaired(self, status: TurnStatus) -> None:
+        """Answer calls the turn will not run, so the history stays valid for every provider."""
+        last = next((m for m in reversed(self.messages) if isinstance(m, AssistantMessage)), None)
+        if last is None:
+            return
+        answered = {m.call_id for m in self.messages if isinstance(m, ToolResult)}
+        for call in last.tool_calls:
+            if call.id not in answered:
+                self.messages.append(ToolResult(
+                    turn=self.turn, name=call.name, call_id=call.id, is_error=True,
+                    content=f"not run: the turn ended ({status.value})",
+                ))
+
+    def replay_for_next(self) -> Replay:
+        """Outcomes a re-run may reuse: what this attempt used plus what it left unused."""
+        merged: Replay = {key: list(outcomes) for key, outcomes in self.used.items()}
+        for key, outcomes in self.replay.items():
+            merged.setdefault(key, []).extend(outcomes)
+        return merged
+
+    @property
+    def steps(self) -> int:
+        return self.budget.steps if self.budget else 0
+
+    @property
+    def usage(self) -> Usage:
+        return self.budget.usage if self.budget else Usage()
+
+
+async def run_turn(session: ChildSession, turn: str, message: UserMessage | None, tools: Mapping[str, Tool]) -> TurnDone:
+    """Run one turn to its end and return the TurnDone to send (TurnDiscarded frames are sent on the way)."""
+    started_at = time.time()
+    session.turn_id = turn
+    try:
+        await session.apply_parked(turn)  # the top of the turn is a boundary
+        base = list(session.transcript) + ([message] if message else [])
+        await session.emit(events.TURN_STARTED, turn, assistant=session.assistant, model=session.current_intelligence.model)
+        restarts, discarded, replay, usage = 0, [], {}, Usage()
+        session.turn_scope = anyio.CancelScope()
+        status: TurnStatus = TurnStatus.CANCELLED
+        with session.turn_scope:  # Cancel frames cancel this scope, whichever attempt is running
+            while True:
+                attempt = _Attempt(session, turn, base, tools, replay, restarts)
+                try:
+                    status = await attempt.run()
+                    break
+                except _Restart:
+                    usage = usage + attempt.usage
+                    replay = attempt.replay_for_next()
+                    discarded.append(await _discard(session, attempt))
+                    restarts += 1
+        if session.turn_scope.cancelled_caught:
+            status = TurnStatus.CANCELLED
+            attempt.close_unpaired(status)
+        usage = usage + attempt.usage
+        session.transcript = base + attempt.messages
+        models = list(dict.fromkeys(m.model for m in attempt.messages if isinstance(m, AssistantMessage) and m.model))
+        done = TurnDone(
+            session=session.id, turn=turn, status=status, assistant=session.assistant, messages=attempt.messages,
+            models=models, steps=attempt.steps, restarts=restarts, discarded=discarded, usage=usage,
+            started_at=started_at, ended_at=time.time(), error=attempt.error,
+        )
+        log.info(events.LOG_TURN_DONE, session=session.id, turn=turn, status=status.value, steps=attempt.steps,
+                 restarts=restarts, models=models)
+        return done
+    finally:
+        session.turn_id = None
+        session.turn_scope = None
+
+
+async def _discard(session: ChildSession, attempt: _Attempt) -> Discarded:
+    """Report the attempt as discarded, apply the parked swap, announce the restart."""
+    model_from = attempt.model
+    reason = "restart-turn: model swapped"
+    await session.send(TurnDiscarded(session=session.id, turn=attempt.turn, model=model_from, steps=attempt.steps,
+                                     reason=reason, usage=attempt.usage))
+    log.info(events.LOG_TURN_DISCARDED, session=session.id, turn=attempt.turn, model=model_from, steps=attempt.steps)
+    await session.apply_parked(attempt.turn)
+    model_to = session.current_intelligence.model
+    log.info(events.LOG_TURN_RESTARTED, session=session.id, turn=attempt.turn, model_from=model_from, model_to=model_to,
+             restarts=attempt.restarts + 1)
+    await session.emit(events.TURN_RESTARTED, attempt.turn, model_from=model_from, model_to=model_to,
+                       restarts=attempt.restarts + 1, discarded_steps=attempt.steps)
+    return Discarded(model=model_from, steps=attempt.steps, reason=reason, usage=attempt.usage)

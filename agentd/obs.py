@@ -1,0 +1,49 @@
+"""Observability: structlog configuration shared by supervisor and children.
+
+JSON lines when the stream is not a TTY (journald, Kubernetes), a readable console otherwise.
+Event names come from agentd.events; secrets never reach a log call (providers redact first).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal, TextIO
+
+import structlog
+
+__all__ = ["LogFormat", "configure_logging", "get_logger"]
+
+LogFormat = Literal["json", "console", "auto"]
+
+
+def configure_logging(
+    fmt: LogFormat = "auto", level: str = "info", stream: TextIO | None = None, **context: object
+) -> None:
+    """Route structlog to ``stream`` (stderr by default) with ``context`` bound to every line."""
+    out = stream or sys.stderr
+    use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=out.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )
+    structlog.contextvars.clear_contextvars()
+    if context:
+        structlog.contextvars.bind_contextvars(**context)
+
+
+def get_logger(component: str) -> structlog.typing.FilteringBoundLogger:
+    """A logger whose lines carry ``component``."""
+    # get_logger(**initial) stays lazy: a module-level logger follows configure_logging() called later.
+    return structlog.get_logger(component=component)

@@ -1,0 +1,40 @@
+"""Tools used by tests through ``module:function`` references (they run inside real child processes).
+
+Each appends a line to the file named by AGENTD_TEST_TOOL_LOG, so a test can see exactly which
+tool calls ran. ``held`` waits until the file named by AGENTD_TEST_GATE exists, so a test can hold
+a tool call in flight for as long as it needs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from agentd.tools import side_effect_free
+
+
+def _log(line: str) -> None:
+    with open(os.environ["AGENTD_TEST_TOOL_LOG"], "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+
+
+def record(label: str = "") -> str:
+    """Record that it ran, with its label."""
+    _log(f"record {label}")
+    return f"recorded {label}"
+
+
+def held(label: str = "") -> str:
+    """Record its start, wait for the gate file, record its end."""
+    _log(f"held-start {label}")
+    gate = os.environ["AGENTD_TEST_GATE"]
+    while not os.path.exists(gate):
+        time.sleep(0.01)
+    _log(f"held-end {label}")
+    return f"held {label}"
+
+
+@side_effect_free
+def held_pure(label: str = "") -> str:
+    """Like ``held`` but declared free of side effects (restart-turn runs it again)."""
+    return held(label)
