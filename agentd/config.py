@@ -31,6 +31,7 @@ __all__ = [
     "Limits",
     "PolicyChoice",
     "ProviderName",
+    "ServerSettings",
     "SupervisorSettings",
     "SwapPolicy",
     "Transfer",
@@ -149,10 +150,24 @@ class Assistant(_Section):
 DEFAULT_ASSISTANT = Assistant(name="assistant", system="You are a helpful assistant.")
 
 
+class ServerSettings(_Section):
+    """Where the daemon lives. Restart-only: a reload reports a change here and keeps the old value.
+
+    ``--state-dir``/``AGENTD_STATE_DIR`` and ``--listen``/``AGENTD_LISTEN`` take precedence.
+    """
+
+    state_dir: str | None = None
+    listen: Annotated[str, msgspec.Meta(pattern=r"^[^\s:]*:\d{1,5}$")] | None = None
+
+
+RESTART_ONLY_SECTIONS = ("server",)
+
+
 class Config(_Section):
     """The whole config file. The first assistant is the default for new sessions."""
 
     model_swap: SwapPolicy | None = None
+    server: ServerSettings = ServerSettings()
     intelligence: Intelligence = Intelligence()
     limits: Limits = Limits()
     supervisor: SupervisorSettings = SupervisorSettings()

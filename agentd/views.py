@@ -1,0 +1,195 @@
+"""The HTTP API's bodies (spec/api.md): the one definition shared by the server and the CLI client.
+
+Request bodies reject unknown fields so a typo is a 400, not a silently ignored option.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+import msgspec
+
+from agentd.budget import Usage
+from agentd.config import ConfigIssue
+from agentd.messages import AssistantMessage, Message, SystemMessage, ToolResult, UserMessage
+from agentd.protocol import Discarded
+
+__all__ = [
+    "Accepted",
+    "ChildView",
+    "CreateSession",
+    "Entry",
+    "ErrorBody",
+    "ErrorDetail",
+    "MessageResult",
+    "PolicyView",
+    "PostMessage",
+    "ReloadResult",
+    "SessionCounts",
+    "SessionState",
+    "SessionSummary",
+    "SessionView",
+    "StatusView",
+    "ToolCallView",
+    "TurnView",
+    "entry_from_message",
+    "iso",
+]
+
+SessionState = Literal["idle", "running", "failed", "closed"]
+
+
+def iso(timestamp: float | None) -> str | None:
+    """Epoch seconds → ISO 8601 UTC (None stays None)."""
+    if timestamp is None:
+        return None
+    return dt.datetime.fromtimestamp(timestamp, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class _Body(msgspec.Struct, kw_only=True):
+    pass
+
+
+class ToolCallView(_Body, kw_only=True):
+    id: str
+    name: str
+    arguments: dict[str, Any] = {}
+
+
+class Entry(_Body, kw_only=True, omit_defaults=True):
+    """One transcript entry as the API shows it (unset optional fields are left out).
+
+    ``model`` is set on every assistant entry.
+    """
+
+    seq: int
+    turn: str | None = None
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    thinking: str | None = None
+    images: list[str] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallView] | None = None
+    tool_call_id: str | None = None
+    is_error: bool | None = None
+    model: str | None = None
+    assistant: str | None = None
+
+
+def entry_from_message(seq: int, message: Message) -> Entry:
+    """The API view of a stored message."""
+    images = list(message.images) if getattr(message, "images", None) else None
+    match message:
+        case UserMessage():
+            return Entry(seq=seq, turn=message.turn, role="user", content=message.content, images=images, name=message.name)
+        case SystemMessage():
+            return Entry(seq=seq, turn=message.turn, role="system", content=message.content, images=images, name=message.name)
+        case AssistantMessage():
+            calls = [ToolCallView(id=c.id, name=c.name, arguments=c.arguments) for c in message.tool_calls] or None
+            return Entry(seq=seq, turn=message.turn, role="assistant", content=message.content, thinking=message.thinking,
+                         images=images, name=message.name, tool_calls=calls, model=message.model, assistant=message.assistant)
+        case ToolResult():
+            return Entry(seq=seq, turn=message.turn, role="tool", content=message.content, name=message.name,
+                         tool_call_id=message.call_id or None, is_error=message.is_error or None)
+    raise TypeError(f"not a message: {message!r}")
+
+
+class TurnView(_Body, kw_only=True):
+    """A turn: ``status`` is a TurnStatus value, or ``pending`` while it runs."""
+
+    id: str
+    status: str
+    models: list[str] = []
+    steps: int = 0
+    restarts: int = 0
+    discarded: list[Discarded] = []
+    usage: Usage = msgspec.field(default_factory=Usage)
+    started_at: str | None = None
+    ended_at: str | None = None
+    error: str | None = None
+
+
+class SessionSummary(_Body, kw_only=True):
+    id: str
+    assistant: str
+    state: SessionState
+    generation: int
+    model: str
+    turns: int = 0
+
+
+class SessionView(_Body, kw_only=True):
+    id: str
+    assistant: str
+    state: SessionState
+    generation: int
+    model: str
+    transcript: list[Entry] = []
+    turns: list[TurnView] = []
+
+
+class ChildView(_Body, kw_only=True):
+    pid: int | None
+    sessions: list[str]
+    state: str
+    generation: int
+    restarts: int = 0
+
+
+class PolicyView(_Body, kw_only=True):
+    policy: str
+    source: str
+
+
+class SessionCounts(_Body, kw_only=True):
+    open: int = 0
+    failed: int = 0
+
+
+class StatusView(_Body, kw_only=True):
+    pid: int
+    version: str
+    generation: int
+    model_swap: PolicyView
+    config_path: str | None
+    children: list[ChildView] = []
+    sessions: SessionCounts = msgspec.field(default_factory=SessionCounts)
+    draining: bool = False
+
+
+class ReloadResult(_Body, kw_only=True):
+    generation: int
+    applied: bool
+    errors: list[ConfigIssue] = []
+    changed: list[str] = []
+    restart_required: list[str] = []
+    swapped_sessions: list[str] = []
+
+
+class MessageResult(_Body, kw_only=True):
+    turn: TurnView
+    messages: list[Entry] = []
+
+
+class Accepted(_Body, kw_only=True):
+    turn_id: str
+
+
+class CreateSession(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    assistant: str | None = None
+
+
+class PostMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    content: str
+    images: list[str] | None = None
+    wait: bool = True
+
+
+class ErrorDetail(_Body, kw_only=True):
+    code: str
+    message: str
+
+
+class ErrorBody(_Body, kw_only=True):
+    error: ErrorDetail
