@@ -46,8 +46,6 @@ from agentd.messages import MessageError, validate_request
 
 __all__ = ["HTTPProvider", "Retryable", "StreamReader", "redact_url"]
 
-log = structlog.get_logger()
-
 T = TypeVar("T")
 
 _MAX_ERROR_BODY = 64 * 1024  # enough for any error JSON; a huge error page is not worth reading
@@ -355,11 +353,12 @@ class HTTPProvider:
 
     def _unavailable(self, last_error: str) -> IntelError:
         error = IntelError(IntelErrorKind.UNAVAILABLE, f"{self.name}: no endpoint could serve the call; last error: {last_error}")
-        log.warning(LOG_INTEL_ERROR, provider=self.name, model=self.intelligence.model, kind=str(error.kind), error=str(error))
+        structlog.get_logger().warning(LOG_INTEL_ERROR, provider=self.name, model=self.intelligence.model, kind=str(error.kind), error=str(error))
         return error
 
     def _log_error(self, index: int, kind: IntelErrorKind, message: str, what: str, *, retrying: bool) -> None:
-        log.warning(
+        # Looked up per event (not at import) so a later structlog configuration always applies.
+        structlog.get_logger().warning(
             LOG_INTEL_ERROR,
             provider=self.name,
             model=self.intelligence.model,
@@ -372,7 +371,7 @@ class HTTPProvider:
         )
 
     def _log_failover(self, from_index: int, to_index: int, reason: str) -> None:
-        log.warning(
+        structlog.get_logger().warning(
             LOG_INTEL_FAILOVER,
             provider=self.name,
             model=self.intelligence.model,
@@ -417,7 +416,7 @@ def _errno_text(exc: httpx.HTTPError) -> str:
     """'connection refused' and the like, from the OSError under an httpx error."""
     cause: BaseException | None = exc
     while cause is not None:
-        if isinstance(cause, OSError) and cause.strerror:
-            return cause.strerror.lower()
+        if isinstance(cause, OSError) and (cause.errno or cause.strerror):
+            return (os.strerror(cause.errno) if cause.errno else str(cause.strerror)).lower()
         cause = cause.__cause__ or cause.__context__
     return type(exc).__name__

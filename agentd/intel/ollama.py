@@ -42,7 +42,9 @@ class NDJSONReader:
             try:
                 self._stream.feed_line(rest)  # a last line without its newline may still be whole
             except WireError:
-                raise IncompleteStream("the Ollama stream was cut off mid-line") from None
+                if rest.startswith(b"{"):  # JSON cut short: a broken stream, worth a retry
+                    raise IncompleteStream("the Ollama stream was cut off mid-line") from None
+                raise  # not NDJSON at all (an HTML error page, say)
         return self._stream.result()
 
 
