@@ -12,7 +12,7 @@ from typing import Literal, TextIO
 
 import structlog
 
-__all__ = ["LogFormat", "configure_logging", "get_logger"]
+__all__ = ["LogFormat", "Metrics", "configure_logging", "get_logger"]
 
 LogFormat = Literal["json", "console", "auto"]
 
@@ -47,3 +47,25 @@ def get_logger(component: str) -> structlog.typing.FilteringBoundLogger:
     """A logger whose lines carry ``component``."""
     # get_logger(**initial) stays lazy: a module-level logger follows configure_logging() called later.
     return structlog.get_logger(component=component)
+
+
+class Metrics:
+    """The supervisor's Prometheus metrics, on a registry of its own (served at ``/metrics``)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.turns = Counter("agentd_turns", "Turns ended, by status", ["status"], registry=self.registry)
+        self.swaps = Counter("agentd_swaps_applied", "Swaps applied by sessions, by kind", ["kind"], registry=self.registry)
+        self.reloads = Counter("agentd_reloads", "Config reloads, by result", ["result"], registry=self.registry)
+        self.turn_seconds = Histogram("agentd_turn_duration_seconds", "Turn duration", registry=self.registry,
+                                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+        self.generation = Gauge("agentd_config_generation", "Running config generation", registry=self.registry)
+        self.sessions = Gauge("agentd_sessions", "Sessions by state", ["state"], registry=self.registry)
+        self.children = Gauge("agentd_children", "Child processes running", registry=self.registry)
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)

@@ -1,0 +1,161 @@
+"""The HTTP+JSON control API (spec/api.md) as a Starlette app over the Supervisor.
+
+Bodies are msgspec Structs from agentd.views; every error is ``{"error": {"code", "message"}}``.
+The unix socket listener needs no token (the socket is mode 0600); the optional TCP listener is
+wrapped in ``BearerAuth``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from agentd.supervisor.core import ApiError, Supervisor
+from agentd.views import Accepted, CreateSession, ErrorBody, ErrorDetail, PostMessage
+
+__all__ = ["BearerAuth", "build_app"]
+
+SSE_KEEPALIVE_SECONDS = 15.0
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return msgspec.json.encode(content)
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse(ErrorBody(error=ErrorDetail(code=code, message=message)), status_code=status)
+
+
+async def _decode(request: Request, kind: type[Any], *, empty_ok: bool = False) -> Any:
+    body = await request.body()
+    if not body.strip() and empty_ok:
+        body = b"{}"
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, "invalid_body", f"invalid request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, "malformed_json", f"request body is not valid JSON: {exc}") from None
+
+
+def build_app(supervisor: Supervisor) -> Starlette:
+    """The API application bound to ``supervisor``."""
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(_: Request) -> Response:
+        reasons = supervisor.ready()
+        if reasons:
+            return JSONResponse({"ready": False, "reasons": reasons}, status_code=503)
+        return JSONResponse({"ready": True})
+
+    async def status(_: Request) -> Response:
+        return JSONResponse(supervisor.status())
+
+    async def reload(_: Request) -> Response:
+        result = await supervisor.reload()
+        return JSONResponse(result, status_code=200 if result.applied else 422)
+
+    async def create_session(request: Request) -> Response:
+        body = await _decode(request, CreateSession, empty_ok=True)
+        return JSONResponse(await supervisor.create_session(body.assistant), status_code=201)
+
+    async def list_sessions(_: Request) -> Response:
+        return JSONResponse(await supervisor.list_sessions())
+
+    async def get_session(request: Request) -> Response:
+        return JSONResponse(await supervisor.get_session(request.path_params["id"]))
+
+    async def post_message(request: Request) -> Response:
+        body = await _decode(request, PostMessage)
+        result = await supervisor.send_message(request.path_params["id"], body)
+        return JSONResponse(result, status_code=202 if isinstance(result, Accepted) else 200)
+
+    async def cancel(request: Request) -> Response:
+        turn_id = await supervisor.cancel(request.path_params["id"])
+        return JSONResponse({"turn_id": turn_id, "cancelling": True}, status_code=202)
+
+    async def close_session(request: Request) -> Response:
+        return JSONResponse(await supervisor.close_session(request.path_params["id"]))
+
+    async def session_events(request: Request) -> Response:
+        stream = supervisor.subscribe(request.path_params["id"])
+
+        async def body() -> AsyncIterator[bytes]:
+            yield b": connected\n\n"
+            async with stream:
+                while True:
+                    with anyio.move_on_after(SSE_KEEPALIVE_SECONDS) as idle:
+                        try:
+                            name, data = await stream.receive()
+                        except anyio.EndOfStream:
+                            return
+                    if idle.cancelled_caught:
+                        yield b": keep-alive\n\n"
+                        continue
+                    yield b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def metrics(_: Request) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(supervisor.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def on_api_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return error_response(exc.status, exc.code, exc.message)
+
+    async def on_http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail))
+
+    routes = [
+        Route("/v1/health", health, methods=["GET"]),
+        Route("/v1/ready", ready, methods=["GET"]),
+        Route("/v1/status", status, methods=["GET"]),
+        Route("/v1/reload", reload, methods=["POST"]),
+        Route("/v1/sessions", create_session, methods=["POST"]),
+        Route("/v1/sessions", list_sessions, methods=["GET"]),
+        Route("/v1/sessions/{id}", get_session, methods=["GET"]),
+        Route("/v1/sessions/{id}", close_session, methods=["DELETE"]),
+        Route("/v1/sessions/{id}/messages", post_message, methods=["POST"]),
+        Route("/v1/sessions/{id}/events", session_events, methods=["GET"]),
+        Route("/v1/sessions/{id}/cancel", cancel, methods=["POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={ApiError: on_api_error, HTTPException: on_http_error})
+
+
+class BearerAuth:
+    """ASGI middleware: every request must carry ``Authorization: Bearer <token>``, else 401."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            presented = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(presented, self._expected):
+                response = error_response(401, "unauthorized", "missing or wrong bearer token")
+                response.headers["WWW-Authenticate"] = "Bearer"
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,247 @@
+"""``agentd run``: the supervisor process in the foreground.
+
+Start-up: config → swap policy → state dir lock (``agentd.pid``, flock) → store → restore sessions
+→ API on ``agentd.sock`` (mode 0600) and optionally TCP → ``READY=1``. Signals: SIGHUP reloads
+(coalesced by the reload coordinator); SIGTERM/SIGINT drain in-flight turns for ``stop_grace``,
+then stop children with the kill ladder and exit 0 on a clean drain; a second one forces it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import anyio
+import uvicorn
+
+from agentd import events
+from agentd.api import BearerAuth, build_app
+from agentd.config import ConfigError, resolve_swap_policy
+from agentd.obs import configure_logging, get_logger
+from agentd.store import Store
+from agentd.supervisor.core import Supervisor, load_daemon_config
+from agentd.supervisor.options import DaemonOptions
+from agentd.supervisor.systemd import notify
+
+__all__ = ["EXIT_CONFIG", "EXIT_RUNTIME", "run_daemon"]
+
+EXIT_RUNTIME = 1
+EXIT_CONFIG = 2
+PID_FILE = "agentd.pid"
+SOCKET_FILE = "agentd.sock"
+DB_FILE = "agentd.db"
+WATCH_INTERVAL = 1.0
+
+log = get_logger("supervisor")
+
+
+class StateDirBusy(Exception):
+    """Another live daemon owns the state dir."""
+
+
+@contextlib.contextmanager
+def state_dir_lock(state_dir: Path) -> Iterator[IO[str]]:
+    """Hold ``agentd.pid`` locked (flock) for the daemon's life; remove it on exit."""
+    path = state_dir / PID_FILE
+    handle = open(path, "a+", encoding="ascii")  # noqa: SIM115 - held open for the lock's lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.seek(0)
+        owner = handle.read().strip() or "unknown"
+        handle.close()
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise StateDirBusy(f"another agentd (pid {owner}) is running on state dir {state_dir}") from None
+        raise
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield handle
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        handle.close()
+
+
+def bind_unix_socket(path: Path) -> socket.socket:
+    """A listening unix socket only its owner can use (mode 0600 from the first instant)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # stale: we hold the state dir lock, so no live daemon is using it
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def bind_tcp_socket(listen: str) -> socket.socket:
+    host, _, port = listen.rpartition(":")
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host.strip("[]") or "0.0.0.0", int(port)))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+class _ApiServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the daemon owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def install_signal_handlers(self) -> None:  # older uvicorn releases
+        return None
+
+
+def _server(app: object) -> _ApiServer:
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=2)  # type: ignore[arg-type]
+    return _ApiServer(config)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"agentd: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def run_daemon(options: DaemonOptions) -> int:
+    """Run the supervisor until SIGTERM/SIGINT; return the exit code (0 clean, 1 runtime, 2 config)."""
+    configure_logging(options.log_format, options.log_level)
+    try:
+        config = load_daemon_config(options.config_path)
+        policy = resolve_swap_policy(options.model_swap_flag, os.environ, config.model_swap)
+    except ConfigError as exc:
+        where = exc.source or "config"
+        lines = "\n".join(f"  {issue}" for issue in exc.issues)
+        return _fail(f"invalid config ({where}):\n{lines}", EXIT_CONFIG)
+    state_dir = options.state_dir or Path(os.environ.get("AGENTD_STATE_DIR") or config.server.state_dir or ".agentd")
+    listen = options.listen or config.server.listen
+    token = os.environ.get("AGENTD_API_TOKEN", "")
+    if listen and not token:
+        return _fail("--listen needs a bearer token: set AGENTD_API_TOKEN", EXIT_CONFIG)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with state_dir_lock(state_dir):
+            return anyio.run(_serve, options, config, policy, state_dir, listen, token)
+    except StateDirBusy as exc:
+        return _fail(str(exc), EXIT_RUNTIME)
+    except OSError as exc:
+        return _fail(f"cannot start: {exc}", EXIT_RUNTIME)
+
+
+async def _serve(options: DaemonOptions, config, policy, state_dir: Path, listen: str | None, token: str) -> int:  # type: ignore[no-untyped-def]
+    store = await Store.open(state_dir / DB_FILE)
+    supervisor = Supervisor(options, config, policy, store)
+    socket_path = state_dir / SOCKET_FILE
+    unix_sock = bind_unix_socket(socket_path)
+    servers: list[tuple[_ApiServer, socket.socket]] = [(_server(build_app(supervisor)), unix_sock)]
+    if listen:
+        servers.append((_server(BearerAuth(build_app(supervisor), token)), bind_tcp_socket(listen)))
+    exit_code = 0
+    try:
+        with anyio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
+            async with anyio.create_task_group() as tg:
+                await supervisor.start(tg)
+                for server, sock in servers:
+                    tg.start_soon(lambda s=server, k=sock: s.serve(sockets=[k]))
+                if options.watch_config and options.config_path is not None:
+                    tg.start_soon(_watch_config, supervisor, options.config_path)
+                log.info("supervisor.started", pid=os.getpid(), state_dir=str(state_dir), generation=supervisor.generation,
+                         model_swap=policy.policy.value, model_swap_source=policy.source, listen=listen,
+                         config=str(options.config_path) if options.config_path else "<built-in quickstart>")
+                notify("READY=1", f"STATUS=generation {supervisor.generation}", f"MAINPID={os.getpid()}")
+                exit_code = await _handle_signals(signals, supervisor, tg)
+                for server, _ in servers:
+                    server.should_exit = True
+                tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await store.close()
+        with contextlib.suppress(FileNotFoundError):
+            socket_path.unlink()
+        for _, sock in servers:
+            sock.close()
+    log.info("supervisor.stopped", exit_code=exit_code)
+    return exit_code
+
+
+async def _handle_signals(signals: anyio.abc.AsyncIterator[int], supervisor: Supervisor, tg: anyio.abc.TaskGroup) -> int:  # type: ignore[name-defined]
+    """Serve signals until shutdown completes; return the exit code."""
+    shutdown_done = anyio.Event()
+    result = {"code": 0}
+
+    async def shutdown() -> None:
+        notify("STOPPING=1")
+        clean = await supervisor.drain(supervisor.config.supervisor.stop_grace)
+        await supervisor.stop()
+        result["code"] = 0 if clean else EXIT_RUNTIME
+        shutdown_done.set()
+
+    async def reload() -> None:
+        notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+        outcome = await supervisor.reload()
+        notify("READY=1", f"STATUS=generation {outcome.generation}")
+
+    async def receive() -> None:
+        shutting_down = False
+        async for signum in signals:
+            if signum == signal.SIGHUP:
+                if not shutting_down:
+                    tg.start_soon(reload)
+            elif not shutting_down:
+                shutting_down = True
+                log.info("supervisor.signal", signal=signal.Signals(signum).name, action="drain")
+                tg.start_soon(shutdown)
+            else:
+                log.warning("supervisor.signal", signal=signal.Signals(signum).name, action="force")
+                supervisor.draining = True
+                await supervisor.stop()
+                result["code"] = EXIT_RUNTIME
+                shutdown_done.set()
+                return
+
+    async with anyio.create_task_group() as inner:
+        inner.start_soon(receive)
+        await shutdown_done.wait()
+        inner.cancel_scope.cancel()
+    return result["code"]
+
+
+async def _watch_config(supervisor: Supervisor, path: Path) -> None:
+    """``--watch-config``: reload when the file's mtime changes and then holds still (debounced)."""
+    def stamp() -> float | None:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return None
+
+    last = stamp()
+    while True:
+        await anyio.sleep(WATCH_INTERVAL)
+        current = stamp()
+        if current == last:
+            continue
+        await anyio.sleep(WATCH_INTERVAL / 2)
+        if stamp() != current:
+            continue
+        last = current
+        log.info(events.LOG_CONFIG_RELOAD, trigger="watch", path=str(path))
+        await supervisor.reload()
