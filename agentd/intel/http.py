@@ -217,6 +217,10 @@ class HTTPProvider:
             response = await self._client.send(request, stream=True)
             try:
                 await self._raise_for_status(response)
+                if response.headers.get("content-type", "").startswith("application/json"):
+                    # A server (or proxy) that does not stream answered with one body: read it as one.
+                    content = await response.aread()
+                    return self._checked(lambda: self.parse_body(decode_json(content, "the response body"), id_prefix))
                 reader = self.stream_reader(id_prefix)
                 async for data in response.aiter_bytes():
                     if self._checked(lambda: reader.feed(data)):

@@ -42,8 +42,11 @@ class SSEReader:
     def __init__(self, id_prefix: str) -> None:
         self._events = SSEParser()
         self._stream = OpenAIStream(id_prefix=id_prefix)
+        self._received = False
+        self._any_event = False
 
     def feed(self, data: bytes) -> bool:
+        self._received = self._received or bool(data.strip())
         for event in self._events.feed(data):
             self._take(event.event, event.data)
         return self._stream.saw_done
@@ -51,9 +54,12 @@ class SSEReader:
     def finish(self) -> ChatResult:
         for event in self._events.finish():
             self._take(event.event, event.data)
+        if self._received and not self._any_event and not self._events.truncated:
+            raise WireError("the response is not an SSE stream")  # bytes came, but no event in them
         return self._stream.result()
 
     def _take(self, name: str, data: str) -> None:
+        self._any_event = True
         if name == "error":  # some servers name their error events
             raise _event_error(data)
         self._stream.feed_data(data)
