@@ -77,6 +77,8 @@ class ChildSession:
             await self.apply_parked(turn=None)
             return
         target = frame.intelligence.get(self.assistant, self.current_intelligence)
+        if classify_swap(self.current_intelligence, target) is None:
+            return  # another assistant changed: adopted at the boundary, no swap for this session
         log.info(events.LOG_SWAP_PARKED, session=self.id, turn=self.turn_id, generation=frame.generation,
                  model_from=self.current_intelligence.model, model_to=target.model, policy=frame.policy.value)
         await self.emit(events.SWAP_PARKED, self.turn_id, generation=frame.generation,
