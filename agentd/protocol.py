@@ -198,6 +198,8 @@ class TurnDone(_Frame, tag="turn_done", kw_only=True):
     started_at: float = 0.0
     ended_at: float = 0.0
     error: str | None = None
+    # Set when the turn rewrote history (a transfer): the session's whole new transcript.
+    transcript: list[Message] | None = None
 
 
 # --------------------------------------------------------------------------- swaps

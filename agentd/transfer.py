@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from agentd.config import Assistant, FirstMessageMode, Transfer, TransferMode
+from agentd.config import TRANSFER_TOOL_PREFIX, Assistant, FirstMessageMode, Transfer, TransferMode
 from agentd.messages import (
     AssistantMessage,
     Message,
@@ -56,8 +56,6 @@ __all__ = [
     "transfer_tool_name",
     "transfer_tool_specs",
 ]
-
-TRANSFER_TOOL_PREFIX = "transfer_to_"
 
 
 def _blank(text: str | None) -> bool:

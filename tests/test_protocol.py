@@ -144,6 +144,7 @@ def _samples() -> list[Any]:
             started_at=1714561200.25,
             ended_at=1714561203.5,
             error="tool 'clock' called 4 times with the same arguments",
+            transcript=[_SYSTEM, _USER, _ASSISTANT_ANSWER],
         ),
         SwapIntel(
             generation=4,

@@ -137,7 +137,7 @@ class ChildRuntime:
             await self.send(Failed(session=frame.session, error=f"session {frame.session} is already open here"))
             return
         try:
-            session = ChildSession(frame.session, frame.assistant, list(frame.transcript), self.intelligence,
+            session = ChildSession(frame.session, frame.assistant, list(frame.transcript), self.config, self.intelligence,
                                    self.limits, self.generation, self.policy, self.send)
         except KeyError:
             await self.send(Failed(session=frame.session, error=f"unknown assistant {frame.assistant!r}"))

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from agentd import events
-from agentd.config import Intelligence, Limits, SwapPolicy
+from agentd.config import Assistant, Config, Intelligence, Limits, SwapPolicy
 from agentd.intel import Provider, build_provider
 from agentd.messages import Message
 from agentd.obs import get_logger
@@ -34,6 +34,7 @@ class ChildSession:
         session_id: str,
         assistant: str,
         transcript: list[Message],
+        config: Config,
         intelligence: dict[str, Intelligence],
         limits: Limits,
         generation: int,
@@ -43,6 +44,7 @@ class ChildSession:
         if assistant not in intelligence:
             raise KeyError(assistant)
         self.id = session_id
+        self.config = config  # assistants' prompts, tools and transfers as of this child's spawn
         self.assistant = assistant
         self.transcript = transcript
         self.generation = generation
@@ -60,6 +62,11 @@ class ChildSession:
     def current_intelligence(self) -> Intelligence:
         """The effective intelligence of the session's current assistant."""
         return self.intelligence[self.assistant]
+
+    @property
+    def assistant_config(self) -> Assistant:
+        """The current assistant's definition."""
+        return self.config.assistant(self.assistant)
 
     @property
     def running(self) -> bool:

@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import msgspec
@@ -28,6 +29,20 @@ from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, Use
 from agentd.obs import get_logger
 from agentd.protocol import Discarded, TurnDiscarded, TurnDone
 from agentd.tools import Tool, ToolOutcome
+from agentd.transfer import (
+    OpenerKind,
+    TransferChoice,
+    assistant_prompt,
+    destination_message,
+    destination_of,
+    generated_opener,
+    opener_message,
+    opener_plan,
+    select_transfer,
+    transfer_history,
+    transfer_result,
+    transfer_tool_specs,
+)
 
 __all__ = ["run_turn"]
 
@@ -60,6 +75,7 @@ class _Attempt:
     waiting_for_intel: bool = False
     error: str | None = None
     model: str = ""
+    transcript: list[Message] | None = None  # set by a transfer: the session's rewritten transcript
 
     async def run(self) -> TurnStatus:
         """Run steps until a status ends the attempt; raises _Restart at a checkpoint if due."""
@@ -105,11 +121,18 @@ class _Attempt:
                 return over_budget
             if not message.tool_calls:
                 return TurnStatus.COMPLETED
+            transfer = select_transfer(self.session.assistant_config, message)
             for call in message.tool_calls:
                 self.checkpoint()
+                if transfer is not None and destination_of(call.name) and _is_transfer_call(transfer, call):
+                    await self._answer_transfer_call(call, transfer)
+                    continue
                 if (status := self.budget.before_tool(call.name, call.arguments)) is not None:
                     return status
                 await self._run_tool(call)
+            if transfer is not None:
+                await self._transfer(transfer)
+                return TurnStatus.TRANSFERRED
 
     async def _call_model(self) -> Completion | TurnStatus:
         """One model call. While every endpoint is down, wait (jittered backoff) until the deadline."""
@@ -117,7 +140,7 @@ class _Attempt:
         while True:
             request = CompletionRequest(
                 messages=self.base + self.messages,
-                tools=[tool.spec for tool in self.tools.values()],
+                tools=[tool.spec for tool in self.tools.values()] + transfer_tool_specs(self.session.assistant_config),
                 options=self.session.current_intelligence.options,
                 deadline=self.budget.deadline_at if self.budget else None,
             )
@@ -148,6 +171,57 @@ class _Attempt:
         if self.session.repoint_parked():
             await self.session.apply_parked(self.turn)
 
+    async def _answer_transfer_call(self, call: ToolCall, transfer: TransferChoice) -> None:
+        """The winning transfer call is answered "transferred"; superseded ones with an error."""
+        await self.session.emit(events.TOOL_CALL, self.turn, id=call.id, name=call.name, arguments=call.arguments)
+        if call.id == transfer.call.id:
+            outcome = ToolOutcome(transfer_result(transfer.transfer.to))
+        else:
+            destination = destination_of(call.name) or call.name
+            outcome = ToolOutcome(transfer_result(destination, superseded_by=transfer.transfer.to), is_error=True)
+        await self._record(call, outcome, replayed=False)
+
+    async def _transfer(self, choice: TransferChoice) -> None:
+        """Hand the conversation over: rewrite the history per the mode, switch assistant, add the opener."""
+        session = self.session
+        source, target = session.assistant, choice.transfer.to
+        destination = session.config.assistant(target)
+        spoken = destination_message(choice.transfer, turn=self.turn, model=self.model, assistant=source)
+        history = transfer_history(
+            self.base + self.messages, mode=choice.transfer.mode, destination_system=assistant_prompt(destination, turn=self.turn),
+            transfer_call_id=choice.call.id, message=spoken,
+        )
+        previous = session.current_intelligence
+        session.switch_assistant(target)
+        if session.current_intelligence != previous:
+            await session.replace_provider()
+        log.info(events.LOG_TRANSFER, session=session.id, turn=self.turn, **{"from": source}, to=target,
+                 mode=choice.transfer.mode.value)
+        await session.emit(events.TRANSFER, self.turn, **{"from": source}, to=target, mode=choice.transfer.mode.value)
+        opener = await self._opener(destination, history)
+        self.transcript = history + ([opener] if opener is not None else [])
+        self.messages = [m for m in self.transcript if m.turn == self.turn and not isinstance(m, UserMessage)]
+
+    async def _opener(self, destination: Any, history: list[Message]) -> AssistantMessage | None:
+        """F2: the destination's configured first message, or one model call over the new history."""
+        plan = opener_plan(destination, history)
+        model = self.session.current_intelligence.model
+        if plan.kind is OpenerKind.FIRST_MESSAGE:
+            return opener_message(plan, turn=self.turn, model=model)
+        if plan.kind is not OpenerKind.GENERATED:
+            return None
+        request = CompletionRequest(messages=history, tools=(), options=self.session.current_intelligence.options,
+                                    deadline=self.budget.deadline_at if self.budget else None)
+        try:
+            completion = await self.session.provider.complete(request)
+        except IntelError as exc:
+            log.warning(events.LOG_INTEL_ERROR, session=self.session.id, turn=self.turn, kind=exc.kind.value,
+                        error=str(exc), during="opener")
+            return None
+        if self.budget is not None:
+            self.budget.after_step(completion.usage)
+        return generated_opener(completion.message, turn=self.turn, model=completion.model, assistant=destination.name)
+
     async def _run_tool(self, call: ToolCall) -> None:
         await self.session.emit(events.TOOL_CALL, self.turn, id=call.id, name=call.name, arguments=call.arguments)
         replayed = False
@@ -166,6 +240,9 @@ class _Attempt:
             else:
                 outcome = await tool.invoke(call.arguments)
             self.used.setdefault(key, []).append(outcome)
+        await self._record(call, outcome, replayed)
+
+    async def _record(self, call: ToolCall, outcome: ToolOutcome, replayed: bool) -> None:
         self.messages.append(
             ToolResult(turn=self.turn, name=call.name, content=outcome.content, call_id=call.id, is_error=outcome.is_error)
         )
@@ -203,6 +280,10 @@ class _Attempt:
         return self.budget.usage if self.budget else Usage()
 
 
+def _is_transfer_call(choice: TransferChoice, call: ToolCall) -> bool:
+    return call.id == choice.call.id or any(call.id == other.id for other in choice.superseded)
+
+
 async def run_turn(session: ChildSession, turn: str, message: UserMessage | None, tools: Mapping[str, Tool]) -> TurnDone:
     """Run one turn to its end and return the TurnDone to send (TurnDiscarded frames are sent on the way)."""
     started_at = time.time()
@@ -229,12 +310,12 @@ async def run_turn(session: ChildSession, turn: str, message: UserMessage | None
             status = TurnStatus.CANCELLED
             attempt.close_unpaired(status)
         usage = usage + attempt.usage
-        session.transcript = base + attempt.messages
+        session.transcript = attempt.transcript if attempt.transcript is not None else base + attempt.messages
         models = list(dict.fromkeys(m.model for m in attempt.messages if isinstance(m, AssistantMessage) and m.model))
         done = TurnDone(
             session=session.id, turn=turn, status=status, assistant=session.assistant, messages=attempt.messages,
             models=models, steps=attempt.steps, restarts=restarts, discarded=discarded, usage=usage,
-            started_at=started_at, ended_at=time.time(), error=attempt.error,
+            started_at=started_at, ended_at=time.time(), error=attempt.error, transcript=attempt.transcript,
         )
         log.info(events.LOG_TURN_DONE, session=session.id, turn=turn, status=status.value, steps=attempt.steps,
                  restarts=restarts, models=models)

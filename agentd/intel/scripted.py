@@ -30,14 +30,13 @@ import anyio
 import msgspec
 
 from agentd.budget import Usage
-from agentd.config import Intelligence
+from agentd.config import TRANSFER_TOOL_PREFIX, Intelligence
 from agentd.intel.base import Completion, CompletionRequest, IntelError, IntelErrorKind
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
 from agentd.tools import ToolSpec
 
 __all__ = ["ScriptedOptions", "ScriptedProvider", "scripted_reply"]
 
-_TRANSFER_PREFIX = "transfer_to_"
 _HOLD_POLL_SECONDS = 0.02
 _CALL_TOOL_RE = re.compile(r"\bcall tool ([A-Za-z_][\w.-]*)", re.IGNORECASE)
 
@@ -77,12 +76,12 @@ def scripted_reply(model: str, messages: Sequence[Message], tools: Sequence[Tool
     since = messages[last_user + 1 :]
     step = sum(1 for m in since if isinstance(m, AssistantMessage))
     called = {c.name for m in since if isinstance(m, AssistantMessage) for c in m.tool_calls}
-    transfer_tools = [t for t in tools if t.name.startswith(_TRANSFER_PREFIX)]
-    work_tools = [t for t in tools if not t.name.startswith(_TRANSFER_PREFIX)]
+    transfer_tools = [t for t in tools if t.name.startswith(TRANSFER_TOOL_PREFIX)]
+    work_tools = [t for t in tools if not t.name.startswith(TRANSFER_TOOL_PREFIX)]
 
     calls: list[tuple[str, dict[str, Any]]] = []
     if step == 0 and _mentions(text, "transfer") or step == 0 and _mentions(text, "transferred"):
-        calls = [(t.name, {}) for t in transfer_tools if _mentions(text, t.name[len(_TRANSFER_PREFIX) :])][:1]
+        calls = [(t.name, {}) for t in transfer_tools if _mentions(text, t.name[len(TRANSFER_TOOL_PREFIX) :])][:1]
     if not calls and step == 0:
         calls = [(name, {}) for name in _CALL_TOOL_RE.findall(text)]
     if not calls and step == 0:

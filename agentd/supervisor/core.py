@@ -20,6 +20,7 @@ from agentd import __version__, events
 from agentd.config import (
     Config,
     ConfigError,
+    Intelligence,
     PolicyChoice,
     effective_intelligence,
     intelligence_map,
@@ -172,6 +173,10 @@ class Supervisor:
         """The SwapIntel describing the running generation."""
         return SwapIntel(generation=self.generation, policy=self.policy.policy,
                          intelligence=intelligence_map(self.config), limits=self.config.limits)
+
+    def intelligence_of(self, assistant: str) -> Intelligence:
+        """The running generation's effective intelligence of ``assistant``."""
+        return effective_intelligence(self.config, assistant)
 
     def swap_acked(self, runtime: SessionRuntime, generation: int) -> None:
         log.debug("intel.swap.acked", session=runtime.id, generation=generation)
@@ -365,13 +370,12 @@ class Supervisor:
         return turn
 
     async def _turn_result(self, session_id: str, turn: PendingTurn) -> MessageResult:
-        stored = await self.store.load_session(session_id)
-        assert stored is not None and turn.result is not None
-        record = next((t for t in stored.turns if t.id == turn.id), None)
-        view = _turn_view(record) if record else TurnView(id=turn.id, status=turn.result.status.value)
-        seqs = set(turn.seqs)
-        entries = [entry_from_message(e.seq, e.message) for e in stored.transcript if e.seq in seqs]
-        return MessageResult(turn=view, messages=entries)
+        done = turn.result
+        assert done is not None
+        view = TurnView(id=done.turn, status=done.status.value, models=done.models, steps=done.steps,
+                        restarts=done.restarts, discarded=done.discarded, usage=done.usage,
+                        started_at=iso(done.started_at), ended_at=iso(done.ended_at), error=done.error)
+        return MessageResult(turn=view, messages=turn.entries)
 
     def subscribe(self, session_id: str) -> Any:
         return self._open_runtime(session_id).subscribe()

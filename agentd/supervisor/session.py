@@ -40,7 +40,7 @@ from agentd.protocol import (
     TurnDone,
 )
 from agentd.supervisor.process import ChildProcess, SpawnError
-from agentd.views import SessionState, entry_from_message
+from agentd.views import Entry, SessionState, entry_from_message
 
 if TYPE_CHECKING:
     from agentd.supervisor.core import Supervisor
@@ -66,7 +66,7 @@ class PendingTurn:
     started_at: float
     done: anyio.Event = field(default_factory=anyio.Event)
     result: TurnDone | None = None
-    seqs: list[int] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)  # what the turn added, as the API shows it
 
 
 class SessionRuntime:
@@ -321,9 +321,18 @@ class SessionRuntime:
             log.warning("turn.unexpected", session=self.id, turn=done.turn)
             return
         with anyio.CancelScope(shield=True):  # a turn's results are committed whatever else happens
-            pending.seqs = await self.host.store.commit_turn(self.id, done)
-        self.transcript = self.transcript + ([pending.message] if pending.message else []) + list(done.messages)
-        self.assistant = done.assistant
+            seqs = await self.host.store.commit_turn(self.id, done, transcript=done.transcript)
+            if done.transcript is not None:  # a transfer rewrote the history
+                self.transcript = list(done.transcript)
+                pending.entries = [entry_from_message(seq, m) for seq, m in zip(seqs, done.transcript, strict=True)
+                                   if m.turn == done.turn and not isinstance(m, UserMessage)]
+            else:
+                self.transcript = self.transcript + ([pending.message] if pending.message else []) + list(done.messages)
+                pending.entries = [entry_from_message(seq, m) for seq, m in zip(seqs, done.messages, strict=True)]
+            if done.assistant != self.assistant:
+                self.assistant = done.assistant
+                self.model = self.host.intelligence_of(done.assistant).model
+                await self.host.store.update_session(self.id, model=self.model)
         self._finish(pending, done)
 
     async def _end_pending_without_result(self, status: TurnStatus, error: str) -> None:
@@ -348,7 +357,7 @@ class SessionRuntime:
         self.host.metrics.turn_seconds.observe(max(0.0, done.ended_at - done.started_at))
         log.info(events.LOG_TURN_DONE, session=self.id, turn=done.turn, status=done.status.value, models=done.models,
                  restarts=done.restarts, steps=done.steps)
-        entries = [msgspec.to_builtins(entry_from_message(seq, m)) for seq, m in zip(pending.seqs, done.messages, strict=False)]
+        entries = [msgspec.to_builtins(entry) for entry in pending.entries]
         self.publish(events.TURN_DONE, done.turn, {
             "status": done.status.value, "models": done.models, "steps": done.steps, "restarts": done.restarts,
             "discarded": msgspec.to_builtins(done.discarded), "usage": msgspec.to_builtins(done.usage),
