@@ -23,6 +23,10 @@ TURN_DONE: Final = "turn.done"
 SESSION_FAILED: Final = "session.failed"
 # Emitted when a model call begins; lets clients (and tests) know a step is in flight.
 STEP_STARTED: Final = "step.started"
+# Every endpoint of the session's intelligence is down: the turn waits (readiness turns 503) ...
+INTEL_WAITING: Final = "intel.waiting"
+# ... until a model call succeeds again.
+INTEL_RECOVERED: Final = "intel.recovered"
 
 SESSION_EVENTS: Final = frozenset(
     {
@@ -38,6 +42,8 @@ SESSION_EVENTS: Final = frozenset(
         TURN_RESTARTED,
         TURN_DONE,
         SESSION_FAILED,
+        INTEL_WAITING,
+        INTEL_RECOVERED,
     }
 )
 

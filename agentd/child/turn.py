@@ -151,11 +151,15 @@ class _Attempt:
                 if exc.kind is not IntelErrorKind.UNAVAILABLE:
                     self.error = str(exc)
                     return TurnStatus.FAILED
-                self.waiting_for_intel = True
+                if not self.waiting_for_intel:
+                    self.waiting_for_intel = True
+                    await self.session.emit(events.INTEL_WAITING, self.turn, model=self.model, error=str(exc))
                 await self._wait_for_intel(backoff)
                 backoff = min(backoff * 2, _INTEL_BACKOFF_MAX)
                 continue
-            self.waiting_for_intel = False
+            if self.waiting_for_intel:
+                self.waiting_for_intel = False
+                await self.session.emit(events.INTEL_RECOVERED, self.turn, model=completion.model)
             return completion
 
     async def _wait_for_intel(self, backoff: float) -> None:

@@ -262,7 +262,10 @@ class Supervisor:
 
     def ready(self) -> list[str]:
         """Reasons the daemon is not ready (empty = ready)."""
-        return ["draining"] if self.draining else []
+        reasons = ["draining"] if self.draining else []
+        down = sorted({r.assistant for r in self.sessions.values() if r.intel_waiting})
+        reasons += [f"all endpoints down for assistant {name!r}" for name in down]
+        return reasons
 
     def _refuse_when_draining(self) -> None:
         if self.draining:

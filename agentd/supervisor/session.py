@@ -87,6 +87,7 @@ class SessionRuntime:
         self.child_generation = 0
         self.child_restarts = 0
         self.acked_generation = 0
+        self.intel_waiting = False  # a turn is waiting because every endpoint is down
         self.closing = False
         self._crashes: collections.deque[float] = collections.deque()
         self._resume = anyio.Event()
@@ -294,6 +295,8 @@ class SessionRuntime:
             case Pong():
                 self._pong.set()
             case Event(name=name, turn=turn, data=data):
+                if name in (events.INTEL_WAITING, events.INTEL_RECOVERED):
+                    self.intel_waiting = name == events.INTEL_WAITING
                 self.publish(name, turn, data)
             case TurnDone():
                 await self._on_turn_done(frame)
@@ -350,6 +353,7 @@ class SessionRuntime:
 
     def _finish(self, pending: PendingTurn, done: TurnDone) -> None:
         self.pending = None
+        self.intel_waiting = False
         if self.state != "failed":
             self.state = "idle"
         pending.result = done

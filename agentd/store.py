@@ -1,0 +1,638 @@
+"""The supervisor's durable store (DESIGN §10): sessions, their transcripts and their turns.
+
+SQLite through the stdlib ``sqlite3`` module, one database file (``STATE_DIR/agentd.db``) in WAL
+mode with ``synchronous=FULL``: once a store call that writes has returned, what it wrote survives
+a crash of the process or of the machine.
+
+Rules the schema and the calls keep:
+
+- A user message is stored (``begin_turn``) before it is delivered to a child; a turn's results
+  are written by exactly one transaction (``commit_turn``) and nothing else is ever written for a
+  turn. A failure inside that transaction leaves nothing of it behind and the turn still pending.
+- Entries are never deleted. A transfer that rewrites history marks the old entries inactive and
+  inserts the new transcript; a session's transcript is its active entries in ``seq`` order.
+  ``seq`` is per session, increasing, never reused.
+- Messages are stored as msgspec JSON of the ``agentd.messages.Message`` union and nothing else:
+  no configuration, no environment, so no secret can reach the file.
+- Every database call runs in a worker thread, one at a time, on one connection, so the
+  supervisor's event loop is never blocked by disk I/O (``anyio.to_thread.run_sync`` with a
+  ``CapacityLimiter(1)``). A caller cancelled while its call runs does not tear the call: the
+  transaction completes (or rolls back) before the cancellation is delivered.
+
+The schema version lives in ``PRAGMA user_version``; ``_MIGRATIONS`` maps each version to the
+function that brings the database from the previous version to it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar, get_args
+
+import anyio
+import msgspec
+
+from agentd.budget import TurnStatus, Usage
+from agentd.messages import AssistantMessage, Message, SystemMessage, ToolResult, UserMessage
+from agentd.protocol import Discarded, TurnDone
+from agentd.views import SessionState
+
+__all__ = [
+    "PENDING",
+    "SCHEMA_VERSION",
+    "Store",
+    "StoreError",
+    "StoredEntry",
+    "StoredSession",
+    "StoredTurn",
+]
+
+T = TypeVar("T")
+
+#: The schema version this code writes; ``PRAGMA user_version`` of an up-to-date database.
+SCHEMA_VERSION = 1
+
+#: The status of a turn that has begun and has not been committed or abandoned.
+PENDING = "pending"
+
+_SESSION_STATES: frozenset[str] = frozenset(get_args(SessionState))
+_TURN_STATUSES: frozenset[str] = frozenset(status.value for status in TurnStatus)
+_MESSAGE_TYPES = (UserMessage, AssistantMessage, SystemMessage, ToolResult)
+
+_json_encoder = msgspec.json.Encoder()
+_message_decoder = msgspec.json.Decoder(Message)
+_discarded_decoder = msgspec.json.Decoder(list[Discarded])
+_models_decoder = msgspec.json.Decoder(list[str])
+
+
+class StoreError(Exception):
+    """A store call that cannot be done; the message names the session and turn concerned."""
+
+
+class StoredEntry(msgspec.Struct, frozen=True):
+    """One transcript entry: its per-session sequence number and the message."""
+
+    seq: int
+    message: Message
+
+
+class StoredTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """A turn as stored. ``status`` is ``pending`` until the turn is committed or abandoned."""
+
+    id: str
+    session: str
+    status: str
+    message: UserMessage | None
+    models: list[str] = []
+    steps: int = 0
+    restarts: int = 0
+    discarded: list[Discarded] = []
+    usage: Usage = Usage()
+    started_at: float
+    ended_at: float | None = None
+    error: str | None = None
+
+
+class StoredSession(msgspec.Struct, frozen=True, kw_only=True):
+    """A session as stored. ``transcript`` and ``turns`` are empty in ``list_sessions`` results."""
+
+    id: str
+    assistant: str
+    state: SessionState
+    generation: int
+    model: str
+    created_at: float
+    updated_at: float
+    transcript: list[StoredEntry] = []
+    turns: list[StoredTurn] = []
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _migrate_v1(conn: sqlite3.Connection) -> None:
+    """Version 1: sessions, entries (the transcripts, append-only) and turns."""
+    conn.execute(
+        """
+        CREATE TABLE sessions (
+            id          TEXT PRIMARY KEY,
+            assistant   TEXT NOT NULL,
+            state       TEXT NOT NULL CHECK (state IN ('idle', 'running', 'failed', 'closed')),
+            generation  INTEGER NOT NULL,
+            model       TEXT NOT NULL,
+            created_at  REAL NOT NULL,
+            updated_at  REAL NOT NULL
+        )
+        """
+    )
+    conn.execute(
+        """
+        CREATE TABLE entries (
+            session  TEXT NOT NULL REFERENCES sessions (id),
+            seq      INTEGER NOT NULL CHECK (seq > 0),
+            turn     TEXT,
+            active   INTEGER NOT NULL CHECK (active IN (0, 1)),
+            message  TEXT NOT NULL,
+            PRIMARY KEY (session, seq)
+        )
+        """
+    )
+    conn.execute("CREATE INDEX entries_active ON entries (session, seq) WHERE active = 1")
+    conn.execute(
+        """
+        CREATE TABLE turns (
+            n              INTEGER PRIMARY KEY,
+            session        TEXT NOT NULL REFERENCES sessions (id),
+            id             TEXT NOT NULL,
+            status         TEXT NOT NULL,
+            message_seq    INTEGER,
+            models         TEXT NOT NULL DEFAULT '[]',
+            steps          INTEGER NOT NULL DEFAULT 0,
+            restarts       INTEGER NOT NULL DEFAULT 0,
+            discarded      TEXT NOT NULL DEFAULT '[]',
+            input_tokens   INTEGER NOT NULL DEFAULT 0,
+            output_tokens  INTEGER NOT NULL DEFAULT 0,
+            started_at     REAL NOT NULL,
+            ended_at       REAL,
+            error          TEXT,
+            UNIQUE (session, id),
+            FOREIGN KEY (session, message_seq) REFERENCES entries (session, seq)
+        )
+        """
+    )
+    # The database itself refuses a second pending turn in one session.
+    conn.execute("CREATE UNIQUE INDEX turns_one_pending ON turns (session) WHERE status = 'pending'")
+
+
+#: version -> the migration that brings a database at version-1 to it (each runs in one transaction).
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1}
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _encode_message(message: Message) -> str:
+    """The stored form of one message: msgspec JSON of the ``Message`` union (tag ``role``)."""
+    return _json_encoder.encode(message).decode()
+
+
+def _decode_message(text: str) -> Message:
+    return _message_decoder.decode(text)
+
+
+def _check_message(message: object, where: str) -> None:
+    if not isinstance(message, _MESSAGE_TYPES):
+        raise StoreError(f"{where}: not a transcript message: {type(message).__name__}")
+
+
+# --------------------------------------------------------------------------- store
+
+
+class Store:
+    """The durable store of the supervisor. Open with ``await Store.open(path)``."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        """Wrap an open, migrated connection; use ``Store.open`` instead."""
+        self._conn: sqlite3.Connection | None = conn
+        self._path = path
+        self._limiter = anyio.CapacityLimiter(1)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def open(cls, path: Path) -> Store:
+        """Open (creating if needed) the database at ``path`` and bring its schema up to date.
+
+        StoreError if the file cannot be opened, WAL cannot be enabled, or the database was
+        written by a newer agentd (a schema version this code does not know).
+        """
+        path = Path(path)
+        try:
+            conn = await anyio.to_thread.run_sync(_connect, path)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open store {path}: {exc}") from exc
+        return cls(conn, path)
+
+    async def close(self) -> None:
+        """Close the database after calls already running have finished. Idempotent."""
+
+        def close() -> None:
+            conn, self._conn = self._conn, None  # calls queued behind this one get "the store is closed"
+            if conn is not None:
+                conn.close()
+
+        await anyio.to_thread.run_sync(close, limiter=self._limiter)
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._path
+
+    # ------------------------------------------------------------------ sessions
+
+    async def create_session(
+        self,
+        session_id: str,
+        *,
+        assistant: str,
+        generation: int,
+        model: str,
+        created_at: float,
+        transcript: Sequence[Message] = (),
+    ) -> StoredSession:
+        """Store a new session in state ``idle`` with its initial transcript (e.g. the opener).
+
+        StoreError if a session with this id exists.
+        """
+        where = f"session {session_id}"
+        for message in transcript:
+            _check_message(message, where)
+
+        def op(conn: sqlite3.Connection) -> StoredSession:
+            if _session_row(conn, session_id) is not None:
+                raise StoreError(f"{where} already exists")
+            conn.execute(
+                "INSERT INTO sessions (id, assistant, state, generation, model, created_at, updated_at)"
+                " VALUES (?, ?, 'idle', ?, ?, ?, ?)",
+                (session_id, assistant, generation, model, created_at, created_at),
+            )
+            _insert_entries(conn, session_id, transcript)
+            loaded = _load_session(conn, session_id)
+            assert loaded is not None
+            return loaded
+
+        return await self._write(f"create {where}", op)
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        state: SessionState | None = None,
+        generation: int | None = None,
+        model: str | None = None,
+        assistant: str | None = None,
+    ) -> None:
+        """Set the given fields of a session (the others are kept); ``updated_at`` becomes now.
+
+        StoreError if the session is unknown or ``state`` is not a session state.
+        """
+        where = f"session {session_id}"
+        if state is not None and state not in _SESSION_STATES:
+            raise StoreError(f"{where}: unknown state {state!r} (expected one of {sorted(_SESSION_STATES)})")
+        fields: dict[str, Any] = {
+            name: value
+            for name, value in (("state", state), ("generation", generation), ("model", model), ("assistant", assistant))
+            if value is not None
+        }
+        now = time.time()
+
+        def op(conn: sqlite3.Connection) -> None:
+            if _session_row(conn, session_id) is None:
+                raise StoreError(f"{where} is unknown")
+            assignments = ", ".join(f"{name} = ?" for name in fields)
+            conn.execute(
+                f"UPDATE sessions SET {assignments}{', ' if assignments else ''}updated_at = ? WHERE id = ?",
+                (*fields.values(), now, session_id),
+            )
+
+        await self._write(f"update {where}", op)
+
+    async def load_session(self, session_id: str) -> StoredSession | None:
+        """The session with its active transcript and all its turns, or None if unknown."""
+        return await self._read(f"load session {session_id}", lambda conn: _load_session(conn, session_id))
+
+    async def list_sessions(self) -> list[StoredSession]:
+        """Every session (closed ones included) as a summary, newest first; transcript/turns empty."""
+
+        def op(conn: sqlite3.Connection) -> list[StoredSession]:
+            rows = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, rowid DESC")
+            return [_session_from_row(row) for row in rows]
+
+        return await self._read("list sessions", op)
+
+    async def open_sessions(self) -> list[StoredSession]:
+        """Every session whose state is not ``closed``, fully loaded (oldest first): what to restore."""
+
+        def op(conn: sqlite3.Connection) -> list[StoredSession]:
+            ids = [row[0] for row in conn.execute("SELECT id FROM sessions WHERE state != 'closed' ORDER BY created_at, rowid")]
+            sessions = [_load_session(conn, session_id) for session_id in ids]
+            return [session for session in sessions if session is not None]
+
+        return await self._read("list open sessions", op)
+
+    # ------------------------------------------------------------------ turns
+
+    async def begin_turn(self, session_id: str, turn_id: str, message: UserMessage | None, started_at: float) -> int | None:
+        """Start a turn in one transaction: store its user message, a ``pending`` turn row, state ``running``.
+
+        The message is stored with its ``turn`` field set to ``turn_id``. Returns the message's
+        seq, or None for an opener turn (``message`` None). StoreError if the session is unknown
+        or closed, already has a pending turn, or already had a turn with this id.
+        """
+        where = f"session {session_id} turn {turn_id}"
+        if message is not None:
+            if not isinstance(message, UserMessage):
+                raise StoreError(f"{where}: a turn's input must be a user message, not {type(message).__name__}")
+            message = msgspec.structs.replace(message, turn=turn_id)
+
+        def op(conn: sqlite3.Connection) -> int | None:
+            row = _session_row(conn, session_id)
+            if row is None:
+                raise StoreError(f"cannot begin {where}: the session is unknown")
+            if row["state"] == "closed":
+                raise StoreError(f"cannot begin {where}: the session is closed")
+            pending = conn.execute(
+                "SELECT id FROM turns WHERE session = ? AND status = ?", (session_id, PENDING)
+            ).fetchone()
+            if pending is not None:
+                raise StoreError(f"cannot begin {where}: turn {pending[0]} is still pending")
+            if _turn_row(conn, session_id, turn_id) is not None:
+                raise StoreError(f"cannot begin {where}: the session already has a turn with this id")
+            seq = None if message is None else _insert_entries(conn, session_id, [message])[0]
+            conn.execute(
+                "INSERT INTO turns (session, id, status, message_seq, started_at) VALUES (?, ?, ?, ?, ?)",
+                (session_id, turn_id, PENDING, seq, started_at),
+            )
+            conn.execute(
+                "UPDATE sessions SET state = 'running', updated_at = ? WHERE id = ?", (started_at, session_id)
+            )
+            return seq
+
+        return await self._write(f"begin {where}", op)
+
+    async def commit_turn(self, session_id: str, done: TurnDone, *, transcript: Sequence[Message] | None = None) -> list[int]:
+        """Write a turn's results in one transaction — the only write for them. Returns the new seqs.
+
+        Appends ``done.messages`` as active entries or, when ``transcript`` is given (a transfer
+        rewrote history), marks every active entry inactive and inserts ``transcript`` as the new
+        active transcript. Sets the turn's status, models, steps, restarts, discarded, usage,
+        ended_at (``done.ended_at``, or now when unset) and error, and the session's assistant
+        (``done.assistant``), state (``idle`` unless ``closed``) and updated_at.
+
+        StoreError if the session or turn is unknown or the turn is not pending (a duplicate
+        commit writes nothing). If anything fails, nothing of the turn is written.
+        """
+        where = f"session {session_id} turn {done.turn}"
+        if done.session != session_id:
+            raise StoreError(f"cannot commit {where}: the result belongs to session {done.session}")
+        try:
+            status = TurnStatus(done.status).value
+        except ValueError:
+            raise StoreError(f"cannot commit {where}: unknown status {done.status!r}") from None
+        new_messages = done.messages if transcript is None else transcript
+        for message in new_messages:
+            _check_message(message, where)
+        ended_at = done.ended_at or time.time()
+
+        def op(conn: sqlite3.Connection) -> list[int]:
+            if _session_row(conn, session_id) is None:
+                raise StoreError(f"cannot commit {where}: the session is unknown")
+            turn = _turn_row(conn, session_id, done.turn)
+            if turn is None:
+                raise StoreError(f"cannot commit {where}: no such turn")
+            if turn["status"] != PENDING:
+                raise StoreError(f"cannot commit {where}: the turn is not pending (status {turn['status']})")
+            if transcript is not None:
+                conn.execute("UPDATE entries SET active = 0 WHERE session = ? AND active = 1", (session_id,))
+            seqs = _insert_entries(conn, session_id, new_messages)
+            conn.execute(
+                "UPDATE turns SET status = ?, models = ?, steps = ?, restarts = ?, discarded = ?,"
+                " input_tokens = ?, output_tokens = ?, ended_at = ?, error = ? WHERE n = ?",
+                (
+                    status,
+                    _json_encoder.encode(list(done.models)).decode(),
+                    done.steps,
+                    done.restarts,
+                    _json_encoder.encode(list(done.discarded)).decode(),
+                    done.usage.input_tokens,
+                    done.usage.output_tokens,
+                    ended_at,
+                    done.error,
+                    turn["n"],
+                ),
+            )
+            conn.execute(
+                "UPDATE sessions SET assistant = ?, updated_at = ?,"
+                " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = ?",
+                (done.assistant, ended_at, session_id),
+            )
+            return seqs
+
+        return await self._write(f"commit {where}", op)
+
+    async def abandon_turn(self, session_id: str, turn_id: str, *, status: str, error: str | None, ended_at: float) -> None:
+        """End a pending turn without results (e.g. its session was closed); its user message stays.
+
+        ``status`` must be a TurnStatus value. A ``running`` session becomes ``idle``; a
+        ``failed`` or ``closed`` one keeps its state. StoreError if the turn is unknown or not
+        pending.
+        """
+        where = f"session {session_id} turn {turn_id}"
+        if status not in _TURN_STATUSES:
+            raise StoreError(f"cannot abandon {where}: unknown status {status!r} (expected one of {sorted(_TURN_STATUSES)})")
+
+        def op(conn: sqlite3.Connection) -> None:
+            turn = _turn_row(conn, session_id, turn_id)
+            if turn is None:
+                raise StoreError(f"cannot abandon {where}: no such turn")
+            if turn["status"] != PENDING:
+                raise StoreError(f"cannot abandon {where}: the turn is not pending (status {turn['status']})")
+            conn.execute(
+                "UPDATE turns SET status = ?, error = ?, ended_at = ? WHERE n = ?", (status, error, ended_at, turn["n"])
+            )
+            conn.execute(
+                "UPDATE sessions SET updated_at = ?, state = CASE state WHEN 'running' THEN 'idle' ELSE state END"
+                " WHERE id = ?",
+                (ended_at, session_id),
+            )
+
+        await self._write(f"abandon {where}", op)
+
+    async def pending_turn(self, session_id: str) -> StoredTurn | None:
+        """The session's pending turn (with its user message), or None. StoreError if the session is unknown."""
+
+        def op(conn: sqlite3.Connection) -> StoredTurn | None:
+            if _session_row(conn, session_id) is None:
+                raise StoreError(f"session {session_id} is unknown")
+            row = conn.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? AND status = ?", (session_id, PENDING)
+            ).fetchone()
+            return None if row is None else _turn_from_row(conn, row)
+
+        return await self._read(f"pending turn of session {session_id}", op)
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _run(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the connection in the store's worker thread, one call at a time."""
+
+        def call() -> T:
+            conn = self._conn
+            if conn is None:
+                raise StoreError(f"{what}: the store is closed")
+            try:
+                return fn(conn)
+            except (sqlite3.Error, msgspec.MsgspecError) as exc:
+                raise StoreError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+        if self._conn is None:
+            raise StoreError(f"{what}: the store is closed")
+        return await anyio.to_thread.run_sync(call, limiter=self._limiter)
+
+    async def _write(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one write transaction: committed if it returns, rolled back if it raises."""
+        return await self._run(what, lambda conn: _transaction(conn, fn, "BEGIN IMMEDIATE"))
+
+    async def _read(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one read transaction (a consistent snapshot)."""
+        return await self._run(what, lambda conn: _transaction(conn, fn, "BEGIN"))
+
+
+# --------------------------------------------------------------------------- worker-thread helpers
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """Open the connection, set the pragmas, run pending migrations. Runs in a worker thread.
+
+    A new database file is created readable by its owner only (SQLite gives the -wal and -shm
+    files the same permissions): transcripts are private.
+    """
+    path.touch(mode=0o600, exist_ok=True)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout = 5000")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"cannot open store {path}: WAL journal mode unavailable (got {mode!r})")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        _migrate(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Bring the schema from its ``user_version`` to ``SCHEMA_VERSION``, one transaction per step."""
+    current = conn.execute("PRAGMA user_version").fetchone()[0]
+    if current > SCHEMA_VERSION:
+        raise StoreError(
+            f"store {path} has schema version {current}; this agentd knows versions up to {SCHEMA_VERSION}"
+        )
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        migration = _MIGRATIONS.get(version)
+        if migration is None:
+            raise StoreError(f"store {path}: no migration to schema version {version}")
+
+        def step(conn: sqlite3.Connection, migration: Callable[[sqlite3.Connection], None] = migration, version: int = version) -> None:
+            migration(conn)
+            conn.execute(f"PRAGMA user_version = {int(version)}")
+
+        _transaction(conn, step, "BEGIN IMMEDIATE")
+
+
+def _transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], begin: str) -> T:
+    conn.execute(begin)
+    try:
+        result = fn(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result
+
+
+def _insert_entries(conn: sqlite3.Connection, session_id: str, messages: Sequence[Message]) -> list[int]:
+    """Append ``messages`` as active entries after the session's highest seq; their seqs.
+
+    Each message is encoded just before its row is written, inside the caller's transaction.
+    """
+    last = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM entries WHERE session = ?", (session_id,)).fetchone()[0]
+    seqs: list[int] = []
+    for offset, message in enumerate(messages, start=1):
+        seq = last + offset
+        conn.execute(
+            "INSERT INTO entries (session, seq, turn, active, message) VALUES (?, ?, ?, 1, ?)",
+            (session_id, seq, message.turn, _encode_message(message)),
+        )
+        seqs.append(seq)
+    return seqs
+
+
+_SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_at"
+_TURN_COLUMNS = (
+    "n, session, id, status, message_seq, models, steps, restarts, discarded,"
+    " input_tokens, output_tokens, started_at, ended_at, error"
+)
+
+
+def _session_row(conn: sqlite3.Connection, session_id: str) -> sqlite3.Row | None:
+    return conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+
+
+def _turn_row(conn: sqlite3.Connection, session_id: str, turn_id: str) -> sqlite3.Row | None:
+    return conn.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? AND id = ?", (session_id, turn_id)).fetchone()
+
+
+def _session_from_row(
+    row: sqlite3.Row, transcript: list[StoredEntry] | None = None, turns: list[StoredTurn] | None = None
+) -> StoredSession:
+    return StoredSession(
+        id=row["id"],
+        assistant=row["assistant"],
+        state=row["state"],
+        generation=row["generation"],
+        model=row["model"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        transcript=transcript or [],
+        turns=turns or [],
+    )
+
+
+def _turn_from_row(conn: sqlite3.Connection, row: sqlite3.Row) -> StoredTurn:
+    message: UserMessage | None = None
+    if row["message_seq"] is not None:
+        text = conn.execute(
+            "SELECT message FROM entries WHERE session = ? AND seq = ?", (row["session"], row["message_seq"])
+        ).fetchone()[0]
+        decoded = _decode_message(text)
+        if not isinstance(decoded, UserMessage):
+            raise StoreError(f"session {row['session']} turn {row['id']}: its input entry is not a user message")
+        message = decoded
+    return StoredTurn(
+        id=row["id"],
+        session=row["session"],
+        status=row["status"],
+        message=message,
+        models=_models_decoder.decode(row["models"]),
+        steps=row["steps"],
+        restarts=row["restarts"],
+        discarded=_discarded_decoder.decode(row["discarded"]),
+        usage=Usage(row["input_tokens"], row["output_tokens"]),
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        error=row["error"],
+    )
+
+
+def _load_session(conn: sqlite3.Connection, session_id: str) -> StoredSession | None:
+    row = _session_row(conn, session_id)
+    if row is None:
+        return None
+    transcript = [
+        StoredEntry(seq, _decode_message(text))
+        for seq, text in conn.execute(
+            "SELECT seq, message FROM entries WHERE session = ? AND active = 1 ORDER BY seq", (session_id,)
+        )
+    ]
+    turns = [
+        _turn_from_row(conn, turn)
+        for turn in conn.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? ORDER BY n", (session_id,)).fetchall()
+    ]
+    return _session_from_row(row, transcript, turns)
