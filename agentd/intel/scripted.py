@@ -5,14 +5,15 @@ tool calls, parallel calls, transfers, thinking, per-step delay and multi-step t
 starts with ``[<model>]`` so a swap is visible in the transcript.
 
 How it decides, reading the history since the last user message (step k = assistant messages since):
-- the user asks to be transferred ("transfer" and the name of an offered ``transfer_to_<name>``
-  tool's destination) → step 0 calls that transfer tool;
-- the user's text names offered tools → step 0 calls all of them, in parallel; "call tool NAME"
-  calls NAME even when it is not offered (to show what an unknown tool does);
+- step 0 calls, in parallel: every offered tool the user's text names; NAME for "call tool NAME"
+  even when it is not offered (to show what an unknown tool does); and, when the user asks to be
+  transferred ("transfer" and the name of an offered ``transfer_to_<name>`` tool's destination),
+  that transfer tool, last;
 - while k < ``steps`` → call the first offered (non-transfer) tool; its first integer parameter
   gets k and its first string parameter ``"step k+1"`` so steps differ (``loop = true`` makes
   every call identical, to exercise loop detection);
-- otherwise → the final answer, quoting the user.
+- otherwise → the final answer, quoting the user — or, when no user message follows the last
+  system prompt (an opener: session start or a transfer), a greeting naming that prompt's assistant.
 
 Options (config ``options``): ``delay_ms`` per step, ``steps``, ``think`` (emit thinking),
 ``loop``, and ``hold_file``: each step waits until that path exists (lets tests and demos hold a
@@ -72,7 +73,9 @@ def _filler_arguments(spec: ToolSpec, step: int, loop: bool) -> dict[str, Any]:
 def scripted_reply(model: str, messages: Sequence[Message], tools: Sequence[ToolSpec], options: ScriptedOptions) -> Completion:
     """The deterministic reply for one step (pure: the provider adds only the delays)."""
     last_user = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=-1)
-    text = messages[last_user].content if last_user >= 0 else ""
+    last_prompt = max((i for i, m in enumerate(messages) if isinstance(m, SystemMessage)), default=-1)
+    # A prompt after the last user message: an assistant just took over and speaks first.
+    text = messages[last_user].content if last_user > last_prompt else ""
     since = messages[last_user + 1 :]
     step = sum(1 for m in since if isinstance(m, AssistantMessage))
     called = {c.name for m in since if isinstance(m, AssistantMessage) for c in m.tool_calls}
@@ -80,12 +83,13 @@ def scripted_reply(model: str, messages: Sequence[Message], tools: Sequence[Tool
     work_tools = [t for t in tools if not t.name.startswith(TRANSFER_TOOL_PREFIX)]
 
     calls: list[tuple[str, dict[str, Any]]] = []
-    if step == 0 and _mentions(text, "transfer") or step == 0 and _mentions(text, "transferred"):
-        calls = [(t.name, {}) for t in transfer_tools if _mentions(text, t.name[len(TRANSFER_TOOL_PREFIX) :])][:1]
-    if not calls and step == 0:
+    if step == 0:
         calls = [(name, {}) for name in _CALL_TOOL_RE.findall(text)]
-    if not calls and step == 0:
-        calls = [(t.name, _filler_arguments(t, step, options.loop)) for t in work_tools if _mentions(text, t.name) and t.name not in called]
+        calls += [(t.name, _filler_arguments(t, step, options.loop)) for t in work_tools
+                  if _mentions(text, t.name) and t.name not in called]
+        if _mentions(text, "transfer") or _mentions(text, "transferred"):
+            # Named tools run beside the transfer, in the same step (parallel calls).
+            calls += [(t.name, {}) for t in transfer_tools if _mentions(text, t.name[len(TRANSFER_TOOL_PREFIX) :])][:1]
     if not calls and step < options.steps and work_tools:
         calls = [(work_tools[0].name, _filler_arguments(work_tools[0], step, options.loop))]
 
