@@ -1,0 +1,667 @@
+"""The durable store (agentd.store): schema, transactions, durability, and never blocking the loop."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import pytest
+
+from agentd import store as store_mod
+from agentd.budget import TurnStatus, Usage
+from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
+from agentd.protocol import Discarded, TurnDone
+from agentd.store import Store, StoredEntry, StoreError
+
+pytestmark = pytest.mark.anyio
+
+IMAGE = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "agentd.db"
+
+
+@pytest.fixture
+async def store(db_path: Path) -> AsyncIterator[Store]:
+    opened = await Store.open(db_path)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def raw(db_path: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Read the database file directly, bypassing the store."""
+    conn = sqlite3.connect(db_path)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def reply(turn: str, text: str, *, model: str = "echo-small", assistant: str = "triage") -> AssistantMessage:
+    return AssistantMessage(content=text, turn=turn, model=model, assistant=assistant)
+
+
+def done(
+    session: str,
+    turn: str,
+    messages: Sequence[Message] = (),
+    *,
+    status: TurnStatus = TurnStatus.COMPLETED,
+    assistant: str = "triage",
+    **fields: Any,
+) -> TurnDone:
+    fields.setdefault("ended_at", 2000.0)
+    return TurnDone(session=session, turn=turn, status=status, assistant=assistant, messages=list(messages), **fields)
+
+
+async def new_session(store: Store, session_id: str = "s1", *, created_at: float = 1000.0, **kw: Any) -> None:
+    transcript = kw.pop("transcript", [SystemMessage(content="You route customers.", name="triage")])
+    await store.create_session(
+        session_id, assistant="triage", generation=1, model="echo-small", created_at=created_at, transcript=transcript, **kw
+    )
+
+
+def every_kind(turn: str = "t0") -> list[Message]:
+    """All four message kinds with every optional field set: tool calls, images, thinking, errors."""
+    return [
+        SystemMessage(content="You route customers.", name="triage", images=(IMAGE,)),
+        UserMessage(content="What is on this picture? ✓ ünïcødé", images=(IMAGE, IMAGE), name="alice", turn=turn),
+        AssistantMessage(
+            content="Let me look.",
+            thinking="The user wants a description; call the tools.",
+            images=(IMAGE,),
+            name="triage",
+            tool_calls=(
+                ToolCall(id="call_1", name="clock", arguments={"tz": "UTC", "nested": {"a": [1, 2.5, None, True]}}),
+                ToolCall(id="call_2", name="lookup", arguments_error="arguments are not a JSON object: '[1'"),
+            ),
+            model="echo-small",
+            assistant="triage",
+            turn=turn,
+        ),
+        ToolResult(name="clock", content="12:00", call_id="call_1", turn=turn),
+        ToolResult(name="lookup", content="error: bad arguments", call_id="call_2", is_error=True, turn=turn),
+        AssistantMessage(thinking="only reasoning", model="echo-small", assistant="triage", turn=turn),
+    ]
+
+
+# --------------------------------------------------------------------------- schema and pragmas
+
+
+async def test_wal_mode_synchronous_full_foreign_keys_and_schema_version(store: Store, db_path: Path) -> None:
+    assert raw(db_path, "PRAGMA journal_mode") == [("wal",)]  # WAL is persistent: any connection sees it
+    assert raw(db_path, "PRAGMA user_version") == [(store_mod.SCHEMA_VERSION,)]
+    assert store_mod.SCHEMA_VERSION == 1
+
+    def pragmas(conn: sqlite3.Connection) -> tuple[int, int]:
+        return (conn.execute("PRAGMA synchronous").fetchone()[0], conn.execute("PRAGMA foreign_keys").fetchone()[0])
+
+    assert await store._run("pragmas", pragmas) == (2, 1)  # 2 = FULL
+
+
+async def test_a_new_database_is_private_to_its_owner(store: Store, db_path: Path) -> None:
+    await new_session(store)  # a write creates the -wal file too
+    for path in (db_path, db_path.with_name(db_path.name + "-wal")):
+        assert path.stat().st_mode & 0o077 == 0, path
+
+
+async def test_a_missing_state_dir_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match=r"cannot open store .*missing"):
+        await Store.open(tmp_path / "missing" / "agentd.db")
+
+
+async def test_a_database_from_a_newer_agentd_is_refused(db_path: Path) -> None:
+    conn = sqlite3.connect(db_path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(StoreError, match=r"schema version 99"):
+        await Store.open(db_path)
+
+
+async def test_migration_hook_runs_each_missing_version_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await Store.open(db_path)
+    await new_session(store)
+    await store.close()
+
+    ran: list[int] = []
+
+    def migrate_v2(conn: sqlite3.Connection) -> None:
+        ran.append(2)
+        conn.execute("ALTER TABLE sessions ADD COLUMN note TEXT")
+
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(store_mod._MIGRATIONS, 2, migrate_v2)
+    store = await Store.open(db_path)
+    await store.close()
+    store = await Store.open(db_path)  # already at 2: nothing runs again
+    loaded = await store.load_session("s1")
+    await store.close()
+
+    assert ran == [2]
+    assert raw(db_path, "PRAGMA user_version") == [(2,)]
+    assert loaded is not None and loaded.id == "s1"
+
+
+async def test_a_failed_migration_leaves_the_version_unchanged(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    await (await Store.open(db_path)).close()
+
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("ALTER TABLE sessions ADD COLUMN note TEXT")
+        conn.execute("THIS IS NOT SQL")
+
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(store_mod._MIGRATIONS, 2, broken)
+    with pytest.raises(StoreError, match="THIS"):
+        await Store.open(db_path)
+    assert raw(db_path, "PRAGMA user_version") == [(1,)]
+    assert "note" not in [row[1] for row in raw(db_path, "PRAGMA table_info(sessions)")]
+
+
+# --------------------------------------------------------------------------- messages
+
+
+async def test_round_trip_of_every_message_kind(db_path: Path) -> None:
+    messages = every_kind()
+    store = await Store.open(db_path)
+    created = await store.create_session(
+        "s1", assistant="triage", generation=3, model="echo-small", created_at=1000.0, transcript=messages
+    )
+    await store.close()
+
+    store = await Store.open(db_path)
+    loaded = await store.load_session("s1")
+    await store.close()
+
+    expected = [StoredEntry(seq, message) for seq, message in enumerate(messages, start=1)]
+    assert created.transcript == expected
+    assert loaded is not None and loaded.transcript == expected
+    assert [type(entry.message) for entry in loaded.transcript] == [type(m) for m in messages]
+    # Stored as msgspec JSON of the tagged Message union, nothing else.
+    stored = [json.loads(text) for (text,) in raw(db_path, "SELECT message FROM entries ORDER BY seq")]
+    assert [row["role"] for row in stored] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    assert stored[2]["tool_calls"][0]["arguments"]["nested"] == {"a": [1, 2.5, None, True]}
+
+
+async def test_only_messages_can_be_stored(store: Store) -> None:
+    with pytest.raises(StoreError, match="session s1"):
+        await store.create_session(
+            "s1", assistant="a", generation=1, model="m", created_at=1.0, transcript=[{"role": "user"}]  # type: ignore[list-item]
+        )
+    await new_session(store)
+    with pytest.raises(StoreError, match="session s1 turn t1"):
+        await store.begin_turn("s1", "t1", AssistantMessage(content="hi"), 1.0)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- turns
+
+
+async def test_begin_and_commit_a_turn(store: Store) -> None:
+    await new_session(store)
+    seq = await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
+    assert seq == 2
+
+    running = await store.load_session("s1")
+    assert running is not None
+    assert running.state == "running"
+    assert running.updated_at == 1500.0
+    assert running.transcript[-1] == StoredEntry(2, UserMessage(content="hello", turn="t1"))
+    pending = await store.pending_turn("s1")
+    assert pending is not None
+    assert (pending.id, pending.session, pending.status, pending.started_at, pending.ended_at) == ("t1", "s1", "pending", 1500.0, None)
+    assert pending.message == UserMessage(content="hello", turn="t1")
+
+    appended = [
+        AssistantMessage(tool_calls=(ToolCall(id="c1", name="clock"),), model="echo-small", assistant="triage", turn="t1"),
+        ToolResult(name="clock", content="12:00", call_id="c1", turn="t1"),
+        reply("t1", "It is noon.", model="echo-large", assistant="billing"),
+    ]
+    discarded = [Discarded(model="echo-small", steps=1, reason="swap", usage=Usage(5, 6))]
+    seqs = await store.commit_turn(
+        "s1",
+        done("s1", "t1", appended, assistant="billing", models=["echo-small", "echo-large"], steps=2, restarts=1,
+             discarded=discarded, usage=Usage(10, 20), ended_at=1600.0, error=None),
+    )
+    assert seqs == [3, 4, 5]
+
+    session = await store.load_session("s1")
+    assert session is not None
+    assert session.state == "idle"
+    assert session.assistant == "billing"
+    assert session.updated_at == 1600.0
+    assert [entry.seq for entry in session.transcript] == [1, 2, 3, 4, 5]
+    assert [entry.message for entry in session.transcript[2:]] == appended
+    assert await store.pending_turn("s1") is None
+    [turn] = session.turns
+    assert turn.status == "completed"
+    assert turn.message == UserMessage(content="hello", turn="t1")
+    assert turn.models == ["echo-small", "echo-large"]
+    assert (turn.steps, turn.restarts, turn.usage, turn.discarded) == (2, 1, Usage(10, 20), discarded)
+    assert (turn.started_at, turn.ended_at, turn.error) == (1500.0, 1600.0, None)
+
+
+async def test_an_opener_turn_has_no_input_message(store: Store) -> None:
+    await new_session(store)
+    assert await store.begin_turn("s1", "t0", None, started_at=1000.0) is None
+    pending = await store.pending_turn("s1")
+    assert pending is not None and pending.message is None
+    assert await store.commit_turn("s1", done("s1", "t0", [reply("t0", "Hi! How can I help?")])) == [2]
+    session = await store.load_session("s1")
+    assert session is not None
+    assert [type(e.message) for e in session.transcript] == [SystemMessage, AssistantMessage]
+    assert session.turns[0].message is None and session.turns[0].status == "completed"
+
+
+async def test_turns_come_back_in_start_order_with_their_outcomes(store: Store) -> None:
+    await new_session(store)
+    for index, status in enumerate([TurnStatus.COMPLETED, TurnStatus.EXHAUSTED_STEPS, TurnStatus.FAILED]):
+        turn = f"t{index}"
+        await store.begin_turn("s1", turn, UserMessage(content=f"m{index}"), started_at=1000.0 + index)
+        await store.commit_turn("s1", done("s1", turn, [reply(turn, "ok")], status=status, error="boom" if status == "failed" else None))
+    session = await store.load_session("s1")
+    assert session is not None
+    assert [(t.id, t.status, t.error) for t in session.turns] == [
+        ("t0", "completed", None), ("t1", "exhausted_steps", None), ("t2", "failed", "boom")
+    ]
+
+
+class EncoderFailure(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("replace_history", [False, True], ids=["append", "transcript-replacement"])
+async def test_commit_is_atomic(store: Store, db_path: Path, monkeypatch: pytest.MonkeyPatch, replace_history: bool) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
+    before = raw(db_path, "SELECT seq, active, message FROM entries ORDER BY seq")
+    messages = [reply("t1", f"part {i}") for i in range(3)]
+
+    original = store_mod._encode_message
+    calls = 0
+
+    def failing(message: Message) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the 1st message's row (and any inactive marking) is already written
+            raise EncoderFailure("disk on fire")
+        return original(message)
+
+    monkeypatch.setattr(store_mod, "_encode_message", failing)
+    transcript = [SystemMessage(content="S2", name="billing"), *messages] if replace_history else None
+    with pytest.raises(EncoderFailure):
+        await store.commit_turn("s1", done("s1", "t1", messages, assistant="billing"), transcript=transcript)
+    assert calls == 2
+
+    # Nothing of the turn was written: same entries (all still active), turn still pending, session unchanged.
+    assert raw(db_path, "SELECT seq, active, message FROM entries ORDER BY seq") == before
+    session = await store.load_session("s1")
+    assert session is not None
+    assert (session.state, session.assistant) == ("running", "triage")
+    pending = await store.pending_turn("s1")
+    assert pending is not None and pending.id == "t1" and pending.status == "pending" and pending.ended_at is None
+
+    # The same turn can still be committed once the failure is gone.
+    monkeypatch.setattr(store_mod, "_encode_message", original)
+    seqs = await store.commit_turn("s1", done("s1", "t1", messages, assistant="billing"), transcript=transcript)
+    assert seqs == ([3, 4, 5, 6] if replace_history else [3, 4, 5])
+    assert await store.pending_turn("s1") is None
+
+
+async def test_a_duplicate_commit_is_refused_and_writes_nothing(store: Store, db_path: Path) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
+    result = done("s1", "t1", [reply("t1", "hi"), reply("t1", "again")], ended_at=1600.0)
+    assert await store.commit_turn("s1", result) == [3, 4]
+    entries = raw(db_path, "SELECT * FROM entries ORDER BY seq")
+    turns = raw(db_path, "SELECT * FROM turns")
+    sessions = raw(db_path, "SELECT * FROM sessions")
+
+    with pytest.raises(StoreError, match=r"session s1 turn t1.*not pending \(status completed\)"):
+        await store.commit_turn("s1", result)
+    with pytest.raises(StoreError, match=r"session s1 turn t1"):
+        await store.commit_turn("s1", done("s1", "t1", [reply("t1", "other")]), transcript=[reply("t1", "x")])
+
+    assert raw(db_path, "SELECT * FROM entries ORDER BY seq") == entries
+    assert raw(db_path, "SELECT * FROM turns") == turns
+    assert raw(db_path, "SELECT * FROM sessions") == sessions
+
+
+async def test_transcript_replacement_keeps_old_entries_inactive_and_seqs_increasing(store: Store, db_path: Path) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="bill me"), started_at=1500.0)
+    await store.commit_turn("s1", done("s1", "t1", [reply("t1", "one moment")]))
+    await store.begin_turn("s1", "t2", UserMessage(content="transfer me to billing"), started_at=1600.0)
+    old = await store.load_session("s1")
+    assert old is not None and [e.seq for e in old.transcript] == [1, 2, 3, 4]
+
+    new_transcript: list[Message] = [
+        SystemMessage(content="You handle invoices.", name="billing"),
+        UserMessage(content="bill me", turn="t1"),
+        UserMessage(content="transfer me to billing", turn="t2"),
+        AssistantMessage(content="Billing here.", model="echo-large", assistant="billing", turn="t2"),
+    ]
+    seqs = await store.commit_turn(
+        "s1", done("s1", "t2", [new_transcript[-1]], status=TurnStatus.TRANSFERRED, assistant="billing"), transcript=new_transcript
+    )
+    assert seqs == [5, 6, 7, 8]
+
+    session = await store.load_session("s1")
+    assert session is not None
+    assert session.assistant == "billing"
+    assert [e.seq for e in session.transcript] == [5, 6, 7, 8]
+    assert [e.message for e in session.transcript] == new_transcript
+    assert session.turns[1].status == "transferred"
+    # The turn's input is still reachable although its entry is no longer active.
+    assert session.turns[1].message == UserMessage(content="transfer me to billing", turn="t2")
+    # Old entries are all still in the file, inactive.
+    assert raw(db_path, "SELECT seq, active FROM entries ORDER BY seq") == [
+        (1, 0), (2, 0), (3, 0), (4, 0), (5, 1), (6, 1), (7, 1), (8, 1)
+    ]
+    assert [json.loads(m)["content"] for (m,) in raw(db_path, "SELECT message FROM entries WHERE active = 0 ORDER BY seq")] == [
+        "You route customers.", "bill me", "one moment", "transfer me to billing"
+    ]
+
+    # Appending after a replacement continues the sequence.
+    assert await store.begin_turn("s1", "t3", UserMessage(content="thanks"), started_at=1700.0) == 9
+    assert await store.commit_turn("s1", done("s1", "t3", [reply("t3", "bye", assistant="billing")], assistant="billing")) == [10]
+    session = await store.load_session("s1")
+    assert session is not None and [e.seq for e in session.transcript] == [5, 6, 7, 8, 9, 10]
+
+
+async def test_abandon_keeps_the_user_message_and_frees_the_session(store: Store) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
+    await store.abandon_turn("s1", "t1", status="cancelled", error="cancelled by the operator", ended_at=1550.0)
+    session = await store.load_session("s1")
+    assert session is not None
+    assert session.state == "idle"
+    assert session.transcript[-1].message == UserMessage(content="hello", turn="t1")
+    assert [(t.id, t.status, t.error, t.ended_at) for t in session.turns] == [("t1", "cancelled", "cancelled by the operator", 1550.0)]
+    assert await store.pending_turn("s1") is None
+    with pytest.raises(StoreError, match=r"session s1 turn t1.*not pending"):
+        await store.commit_turn("s1", done("s1", "t1", [reply("t1", "late")]))
+    assert await store.begin_turn("s1", "t2", UserMessage(content="again"), started_at=1600.0) == 3
+
+
+async def test_abandon_keeps_a_closed_or_failed_state(store: Store) -> None:
+    for session_id, state in (("s1", "closed"), ("s2", "failed")):
+        await new_session(store, session_id)
+        await store.begin_turn(session_id, "t1", UserMessage(content="hello"), started_at=1500.0)
+        await store.update_session(session_id, state=state)  # type: ignore[arg-type]
+        await store.abandon_turn(session_id, "t1", status="failed", error="child crashed", ended_at=1550.0)
+        session = await store.load_session(session_id)
+        assert session is not None and session.state == state
+
+
+async def test_a_commit_after_close_keeps_the_session_closed(store: Store) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
+    await store.update_session("s1", state="closed")
+    await store.commit_turn("s1", done("s1", "t1", [reply("t1", "hi")], status=TurnStatus.CANCELLED))
+    session = await store.load_session("s1")
+    assert session is not None and session.state == "closed"
+    assert session.turns[0].status == "cancelled"
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+async def test_update_session_sets_only_the_given_fields(store: Store) -> None:
+    await new_session(store)
+    await store.update_session("s1", generation=4, model="echo-large")
+    session = await store.load_session("s1")
+    assert session is not None
+    assert (session.state, session.generation, session.model, session.assistant) == ("idle", 4, "echo-large", "triage")
+    assert session.updated_at > session.created_at
+    await store.update_session("s1", state="failed", assistant="billing")
+    session = await store.load_session("s1")
+    assert session is not None
+    assert (session.state, session.generation, session.model, session.assistant) == ("failed", 4, "echo-large", "billing")
+    with pytest.raises(StoreError, match="unknown state 'sleeping'"):
+        await store.update_session("s1", state="sleeping")  # type: ignore[arg-type]
+
+
+async def test_a_failed_session_resumes_with_a_new_message(store: Store) -> None:
+    await new_session(store)
+    await store.update_session("s1", state="failed")
+    await store.begin_turn("s1", "t1", UserMessage(content="still there?"), started_at=1500.0)
+    session = await store.load_session("s1")
+    assert session is not None and session.state == "running"
+
+
+async def test_list_and_open_sessions(store: Store) -> None:
+    await new_session(store, "old", created_at=1.0)
+    await new_session(store, "mid", created_at=2.0)
+    await new_session(store, "new", created_at=3.0)
+    await store.begin_turn("mid", "t1", UserMessage(content="hi"), started_at=5.0)
+    await store.update_session("old", state="closed")
+    await store.update_session("new", state="failed")
+
+    summaries = await store.list_sessions()
+    assert [(s.id, s.state) for s in summaries] == [("new", "failed"), ("mid", "running"), ("old", "closed")]
+    assert all(s.transcript == [] and s.turns == [] for s in summaries)
+
+    opened = {s.id: s for s in await store.open_sessions()}
+    assert set(opened) == {"mid", "new"}  # closed sessions are not restored
+    assert [e.message for e in opened["mid"].transcript][-1] == UserMessage(content="hi", turn="t1")
+    assert [t.status for t in opened["mid"].turns] == ["pending"]
+    assert await store.load_session("nope") is None
+
+
+async def test_reopen_restores_everything_including_a_pending_turn(db_path: Path) -> None:
+    store = await Store.open(db_path)
+    await new_session(store, transcript=every_kind("t0"))
+    await store.begin_turn("s1", "t1", UserMessage(content="first"), started_at=1500.0)
+    await store.commit_turn("s1", done("s1", "t1", [reply("t1", "answer")], usage=Usage(3, 4), models=["echo-small"]))
+    await store.begin_turn("s1", "t2", UserMessage(content="second", images=(IMAGE,)), started_at=1700.0)
+    await new_session(store, "gone")
+    await store.update_session("gone", state="closed")
+    before = await store.load_session("s1")
+    await store.close()
+
+    store = await Store.open(db_path)
+    try:
+        after = await store.load_session("s1")
+        assert after == before
+        assert after is not None and after.state == "running"
+        pending = await store.pending_turn("s1")
+        assert pending is not None
+        assert (pending.id, pending.status, pending.started_at) == ("t2", "pending", 1700.0)
+        assert pending.message == UserMessage(content="second", images=(IMAGE,), turn="t2")
+        assert after.transcript[-1] == StoredEntry(9, pending.message)
+        assert [s.id for s in await store.open_sessions()] == ["s1"]
+        # The restored pending turn can be committed, and it still blocks a second one.
+        with pytest.raises(StoreError, match="turn t2 is still pending"):
+            await store.begin_turn("s1", "t3", UserMessage(content="third"), started_at=1800.0)
+        assert await store.commit_turn("s1", done("s1", "t2", [reply("t2", "re-run answer")])) == [10]
+    finally:
+        await store.close()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+async def test_errors_name_the_session_and_turn(store: Store) -> None:
+    with pytest.raises(StoreError, match=r"session ghost turn t1: the session is unknown"):
+        await store.begin_turn("ghost", "t1", UserMessage(content="hi"), started_at=1.0)
+    with pytest.raises(StoreError, match=r"session ghost turn t1: the session is unknown"):
+        await store.commit_turn("ghost", done("ghost", "t1"))
+    with pytest.raises(StoreError, match=r"session ghost is unknown"):
+        await store.update_session("ghost", state="idle")
+    with pytest.raises(StoreError, match=r"session ghost is unknown"):
+        await store.pending_turn("ghost")
+
+    await new_session(store)
+    with pytest.raises(StoreError, match=r"session s1 already exists"):
+        await new_session(store)
+    with pytest.raises(StoreError, match=r"session s1 turn t9: no such turn"):
+        await store.commit_turn("s1", done("s1", "t9"))
+    with pytest.raises(StoreError, match=r"session s1 turn t9: no such turn"):
+        await store.abandon_turn("s1", "t9", status="cancelled", error=None, ended_at=1.0)
+    with pytest.raises(StoreError, match=r"session s1 turn t1: the result belongs to session s2"):
+        await store.commit_turn("s1", done("s2", "t1"))
+
+    await store.begin_turn("s1", "t1", UserMessage(content="hi"), started_at=1.0)
+    with pytest.raises(StoreError, match=r"session s1 turn t2: turn t1 is still pending"):
+        await store.begin_turn("s1", "t2", UserMessage(content="again"), started_at=2.0)
+    with pytest.raises(StoreError, match=r"session s1 turn t1: unknown status 'pending'"):
+        await store.abandon_turn("s1", "t1", status="pending", error=None, ended_at=3.0)
+    await store.commit_turn("s1", done("s1", "t1", [reply("t1", "ok")]))
+    with pytest.raises(StoreError, match=r"session s1 turn t1: the session already has a turn with this id"):
+        await store.begin_turn("s1", "t1", UserMessage(content="reuse"), started_at=4.0)
+    with pytest.raises(StoreError, match=r"session s1 turn t1.*not pending \(status completed\)"):
+        await store.abandon_turn("s1", "t1", status="cancelled", error=None, ended_at=5.0)
+
+    await store.update_session("s1", state="closed")
+    with pytest.raises(StoreError, match=r"session s1 turn t5: the session is closed"):
+        await store.begin_turn("s1", "t5", UserMessage(content="hello?"), started_at=6.0)
+    # None of the refused calls left anything behind.
+    session = await store.load_session("s1")
+    assert session is not None
+    assert [t.id for t in session.turns] == ["t1"]
+    assert [e.seq for e in session.transcript] == [1, 2, 3]
+
+
+async def test_calls_on_a_closed_store_are_refused(db_path: Path) -> None:
+    store = await Store.open(db_path)
+    await store.close()
+    await store.close()  # idempotent
+    with pytest.raises(StoreError, match="store is closed"):
+        await store.load_session("s1")
+
+
+# --------------------------------------------------------------------------- concurrency and the event loop
+
+
+async def test_many_concurrent_sessions_are_all_durable(db_path: Path) -> None:
+    store = await Store.open(db_path)
+
+    async def converse(index: int) -> None:
+        session_id = f"s{index:02d}"
+        await new_session(store, session_id, created_at=float(index))
+        for turn_index in range(2):
+            turn = f"t{turn_index}"
+            await store.begin_turn(session_id, turn, UserMessage(content=f"{session_id} says {turn}"), started_at=float(index))
+            await store.commit_turn(
+                session_id, done(session_id, turn, [reply(turn, f"{session_id} answer {turn} part {p}") for p in range(3)])
+            )
+
+    async with anyio.create_task_group() as tg:
+        for index in range(50):
+            tg.start_soon(converse, index)
+    await store.close()
+
+    store = await Store.open(db_path)
+    try:
+        assert len(await store.list_sessions()) == 50
+        for index in range(50):
+            session_id = f"s{index:02d}"
+            session = await store.load_session(session_id)
+            assert session is not None
+            assert session.state == "idle"
+            assert [e.seq for e in session.transcript] == list(range(1, 10))
+            contents = [getattr(e.message, "content", None) for e in session.transcript[1:]]
+            assert contents == [
+                f"{session_id} says t0", *(f"{session_id} answer t0 part {p}" for p in range(3)),
+                f"{session_id} says t1", *(f"{session_id} answer t1 part {p}" for p in range(3)),
+            ]
+            assert [t.status for t in session.turns] == ["completed", "completed"]
+    finally:
+        await store.close()
+
+
+async def test_a_store_call_does_not_block_the_event_loop(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a big commit is inside its transaction, other tasks keep running on the loop.
+
+    The commit's worker pauses inside the transaction until a task on the event loop has ticked
+    several times. If the store ran on the loop thread, ``from_thread`` would refuse to run (and a
+    blocked loop could never tick): the commit would fail instead of finishing in this order.
+    """
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="write a lot"), started_at=1.0)
+    messages = [reply("t1", f"chunk {i} " + "x" * 2000) for i in range(500)]
+
+    original = store_mod._encode_message
+    in_transaction = anyio.Event()
+    release = threading.Event()
+    log: list[str] = []
+    loop_thread = threading.get_ident()
+    worker_threads: set[int] = set()
+
+    def pausing(message: Message) -> str:
+        worker_threads.add(threading.get_ident())
+        if message is messages[0]:
+            anyio.from_thread.run_sync(in_transaction.set)
+            released = release.wait(timeout=60)  # a deadlock guard only; the loop releases it
+            log.append("worker resumed" if released else "worker never released")
+        return original(message)
+
+    monkeypatch.setattr(store_mod, "_encode_message", pausing)
+
+    async def ticker() -> None:
+        await in_transaction.wait()
+        for index in range(5):
+            log.append(f"tick {index}")
+            await anyio.sleep(0)
+        release.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        seqs = await store.commit_turn("s1", done("s1", "t1", messages))
+        log.append("commit returned")
+
+    assert log == [*(f"tick {i}" for i in range(5)), "worker resumed", "commit returned"]
+    assert loop_thread not in worker_threads
+    assert seqs == list(range(3, 503))
+
+
+async def test_a_cancelled_caller_does_not_tear_a_commit(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelling the task awaiting a commit while it runs: the transaction still completes whole."""
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1.0)
+    messages = [reply("t1", f"part {i}") for i in range(5)]
+    original = store_mod._encode_message
+    scope = anyio.CancelScope()
+
+    def cancelling(message: Message) -> str:
+        if message is messages[0]:
+            anyio.from_thread.run_sync(scope.cancel)
+        return original(message)
+
+    monkeypatch.setattr(store_mod, "_encode_message", cancelling)
+    with scope:
+        await store.commit_turn("s1", done("s1", "t1", messages))
+        await anyio.sleep(0)  # the cancellation is delivered here at the latest
+        pytest.fail("the cancellation was not delivered")
+    assert scope.cancel_called and scope.cancelled_caught
+    # As soon as the cancelled caller has control back, the commit is whole in the file.
+    assert raw(store.path, "SELECT COUNT(*) FROM entries WHERE turn = 't1'") == [(6,)]
+    assert raw(store.path, "SELECT status FROM turns WHERE id = 't1'") == [("completed",)]
+
+    session = await store.load_session("s1")
+    assert session is not None
+    assert [e.message for e in session.transcript[2:]] == messages
+    assert session.turns[0].status == "completed"
+    assert await store.pending_turn("s1") is None
+
+
+async def test_stored_structs_are_frozen(store: Store) -> None:
+    await new_session(store)
+    session = await store.load_session("s1")
+    assert session is not None
+    with pytest.raises(AttributeError):
+        session.state = "closed"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        session.transcript[0].seq = 5  # type: ignore[misc]
