@@ -543,7 +543,10 @@ class _Chat:
             if name == events.SESSION_FAILED:
                 return True
             if name == events.TURN_DONE and data.get("turn") == turn_id:
-                messages = msgspec.convert(data.get("messages") or [], list[Entry])
+                try:
+                    messages = msgspec.convert(data.get("messages") or [], list[Entry])
+                except msgspec.ValidationError as exc:
+                    raise ClientError(200, "bad_event", f"turn.done carries messages the client cannot read: {exc}") from None
                 _print_reply(messages, self.assistant)
                 _print_turn_end(data.get("status"), list(data.get("models") or []), int(data.get("restarts") or 0), data.get("error"))
                 return True
