@@ -1,0 +1,103 @@
+"""Transfers end to end (issue 5): the real daemon, the scripted model, each history mode once,
+then a reload that swaps the destination's model mid-turn under restart-turn."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_harness import running_daemon
+
+pytestmark = pytest.mark.e2e
+
+
+def squad(mode: str, billing_model: str = "billing-small", billing_options: str = "") -> str:
+    return f"""
+[intelligence]
+provider = "scripted"
+model = "triage-small"
+
+[[assistants]]
+name = "triage"
+system = "You route."
+first_message = "Triage here."
+
+[[assistants.transfers]]
+to = "billing"
+description = "Invoices"
+message = "Connecting you to billing."
+mode = "{mode}"
+
+[[assistants]]
+name = "billing"
+system = "You bill."
+first_message = "Billing here."
+intelligence = {{ model = "{billing_model}", options = {{ {billing_options} }} }}
+"""
+
+
+def picture(transcript: list[dict]) -> list[str]:
+    out = []
+    for e in transcript:
+        if e["role"] == "system":
+            out.append(f"S:{e['name']}")
+        elif e["role"] == "user":
+            out.append("U")
+        elif e["role"] == "tool":
+            out.append("TR")
+        elif e.get("tool_calls"):
+            out.append("TT")
+        else:
+            out.append(f"A:{e['assistant']}")
+    return out
+
+
+EXPECTED = {
+    "rolling-history": ["S:triage", "A:triage", "U", "TT", "TR", "A:triage", "S:billing", "A:billing"],
+    "swap-system-message-in-history": ["S:billing", "A:triage", "U", "TT", "TR", "A:triage", "A:billing"],
+    "swap-system-message-in-history-and-remove-transfer-tool-messages": ["S:billing", "A:triage", "U", "A:triage", "A:billing"],
+    "delete-history": ["S:billing", "A:billing"],
+}
+
+
+@pytest.mark.parametrize("mode", list(EXPECTED))
+def test_transfer_then_swap_the_destination_mid_turn(tmp_path: Path, mode: str) -> None:
+    gate = tmp_path / "billing.gate"
+    held = f'hold_file = "{gate}"'
+    with running_daemon(tmp_path, squad(mode, billing_options=held), args=["--model-swap", "restart-turn"]) as daemon:
+        session = daemon.new_session("triage")
+        events = daemon.events(session)
+        result = daemon.send(session, "please transfer me to billing", wait=True)
+        assert result["turn"]["status"] == "transferred"
+        handoff = events.wait("transfer")
+        assert (handoff["from"], handoff["to"], handoff["mode"]) == ("triage", "billing", mode)
+        stored = daemon.session(session)
+        assert stored["assistant"] == "billing" and stored["model"] == "billing-small"
+        assert picture(stored["transcript"]) == EXPECTED[mode]
+        assert stored["transcript"][-1]["content"] == "Billing here."
+        assert stored["transcript"][-1]["model"] == "billing-small"
+        # A reload changes billing's model while billing's turn is held mid-call → the turn re-runs on it.
+        turn_id = daemon.send(session, "what do I owe?", wait=False)["turn_id"]
+        events.wait("step.started", lambda d: d["turn"] == turn_id)
+        daemon.config_path.write_text(squad(mode, billing_model="billing-large"))
+        daemon.signal(signal.SIGHUP)
+        events.wait("swap.parked", lambda d: d["model_to"] == "billing-large")
+        gate.touch()
+        done = events.wait("turn.done", lambda d: d["turn"] == turn_id)
+        assert done["restarts"] == 1
+        assert [d["model"] for d in done["discarded"]] == ["billing-small"]
+        assert done["messages"][-1]["model"] == "billing-large"
+        assert done["messages"][-1]["content"] == "[billing-large] You said: what do I owe?"
+        assert daemon.session(session)["model"] == "billing-large"
+
+
+def test_chat_shows_the_handoff(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, squad("rolling-history")) as daemon:
+        chat = daemon.run_cli("chat", "--assistant", "triage", input="please transfer me to billing\nhello\n")
+        assert chat.returncode == 0, chat.stderr
+        assert "Triage here." in chat.stdout
+        assert "billing" in chat.stdout and "triage" in chat.stdout
+        assert "transfer" in chat.stdout.lower()
+        assert "[billing-small] You said: hello" in chat.stdout
