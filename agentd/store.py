@@ -107,6 +107,7 @@ class StoredSession(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: float
     transcript: list[StoredEntry] = []
     turns: list[StoredTurn] = []
+    turn_count: int = 0  # how many turns the session has had (filled in summaries too)
 
 
 # --------------------------------------------------------------------------- schema
@@ -307,8 +308,9 @@ class Store:
         """Every session (closed ones included) as a summary, newest first; transcript/turns empty."""
 
         def op(conn: sqlite3.Connection) -> list[StoredSession]:
-            rows = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, rowid DESC")
-            return [_session_from_row(row) for row in rows]
+            rows = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, rowid DESC").fetchall()
+            counts = dict(conn.execute("SELECT session, COUNT(*) FROM turns GROUP BY session").fetchall())
+            return [msgspec.structs.replace(_session_from_row(row), turn_count=counts.get(row["id"], 0)) for row in rows]
 
         return await self._read("list sessions", op)
 
@@ -362,14 +364,17 @@ class Store:
 
         return await self._write(f"begin {where}", op)
 
-    async def commit_turn(self, session_id: str, done: TurnDone, *, transcript: Sequence[Message] | None = None) -> list[int]:
+    async def commit_turn(
+        self, session_id: str, done: TurnDone, *, transcript: Sequence[Message] | None = None, model: str | None = None
+    ) -> list[int]:
         """Write a turn's results in one transaction — the only write for them. Returns the new seqs.
 
         Appends ``done.messages`` as active entries or, when ``transcript`` is given (a transfer
         rewrote history), marks every active entry inactive and inserts ``transcript`` as the new
         active transcript. Sets the turn's status, models, steps, restarts, discarded, usage,
         ended_at (``done.ended_at``, or now when unset) and error, and the session's assistant
-        (``done.assistant``), state (``idle`` unless ``closed``) and updated_at.
+        (``done.assistant``), state (``idle`` unless ``closed``), updated_at, and — when a transfer
+        changed the assistant — ``model``.
 
         StoreError if the session or turn is unknown or the turn is not pending (a duplicate
         commit writes nothing). If anything fails, nothing of the turn is written.
@@ -414,9 +419,9 @@ class Store:
                 ),
             )
             conn.execute(
-                "UPDATE sessions SET assistant = ?, updated_at = ?,"
+                "UPDATE sessions SET assistant = ?, updated_at = ?, model = COALESCE(?, model),"
                 " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = ?",
-                (done.assistant, ended_at, session_id),
+                (done.assistant, ended_at, model, session_id),
             )
             return seqs
 
@@ -592,6 +597,7 @@ def _session_from_row(
         updated_at=row["updated_at"],
         transcript=transcript or [],
         turns=turns or [],
+        turn_count=len(turns or []),
     )
 
 

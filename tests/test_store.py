@@ -452,6 +452,7 @@ async def test_list_and_open_sessions(store: Store) -> None:
     summaries = await store.list_sessions()
     assert [(s.id, s.state) for s in summaries] == [("new", "failed"), ("mid", "running"), ("old", "closed")]
     assert all(s.transcript == [] and s.turns == [] for s in summaries)
+    assert [s.turn_count for s in summaries] == [0, 1, 0]
 
     opened = {s.id: s for s in await store.open_sessions()}
     assert set(opened) == {"mid", "new"}  # closed sessions are not restored
@@ -665,3 +666,15 @@ async def test_stored_structs_are_frozen(store: Store) -> None:
         session.state = "closed"  # type: ignore[misc]
     with pytest.raises(AttributeError):
         session.transcript[0].seq = 5  # type: ignore[misc]
+
+
+async def test_a_transfer_commit_sets_the_new_model_in_the_same_transaction(store: Store) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="transfer me"), started_at=1.0)
+    await store.commit_turn("s1", done("s1", "t1", [reply("t1", "bye")], assistant="billing"), model="echo-large")
+    loaded = await store.load_session("s1")
+    assert loaded is not None
+    assert (loaded.assistant, loaded.model, loaded.turn_count) == ("billing", "echo-large", 1)
+    await store.begin_turn("s1", "t2", UserMessage(content="again"), started_at=2.0)
+    await store.commit_turn("s1", done("s1", "t2", [reply("t2", "ok")], assistant="billing"))
+    assert (await store.load_session("s1")).model == "echo-large"  # type: ignore[union-attr]

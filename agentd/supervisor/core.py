@@ -307,7 +307,7 @@ class Supervisor:
                 id=stored.id, assistant=runtime.assistant if runtime else stored.assistant,
                 state=runtime.state if runtime else stored.state,
                 generation=runtime.generation if runtime else stored.generation,
-                model=runtime.model if runtime else stored.model, turns=len(stored.turns),
+                model=runtime.model if runtime else stored.model, turns=stored.turn_count,
             ))
         return summaries
 

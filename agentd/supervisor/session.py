@@ -324,7 +324,8 @@ class SessionRuntime:
             log.warning("turn.unexpected", session=self.id, turn=done.turn)
             return
         with anyio.CancelScope(shield=True):  # a turn's results are committed whatever else happens
-            seqs = await self.host.store.commit_turn(self.id, done, transcript=done.transcript)
+            model = self.host.intelligence_of(done.assistant).model if done.assistant != self.assistant else None
+            seqs = await self.host.store.commit_turn(self.id, done, transcript=done.transcript, model=model)
             if done.transcript is not None:  # a transfer rewrote the history
                 self.transcript = list(done.transcript)
                 pending.entries = [entry_from_message(seq, m) for seq, m in zip(seqs, done.transcript, strict=True)
@@ -332,10 +333,8 @@ class SessionRuntime:
             else:
                 self.transcript = self.transcript + ([pending.message] if pending.message else []) + list(done.messages)
                 pending.entries = [entry_from_message(seq, m) for seq, m in zip(seqs, done.messages, strict=True)]
-            if done.assistant != self.assistant:
-                self.assistant = done.assistant
-                self.model = self.host.intelligence_of(done.assistant).model
-                await self.host.store.update_session(self.id, model=self.model)
+            if model is not None:  # a transfer: the session now runs on the destination's model
+                self.assistant, self.model = done.assistant, model
         self._finish(pending, done)
 
     async def _end_pending_without_result(self, status: TurnStatus, error: str) -> None:
