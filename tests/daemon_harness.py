@@ -118,6 +118,10 @@ class Daemon:
     def start(self) -> Daemon:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp)
+        return self.start_client()
+
+    def start_client(self) -> Daemon:
+        """Connect to the started process's socket and wait until it answers."""
         self.client = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://agentd", timeout=TIMEOUT)
         wait_until(self._healthy, f"agentd to answer on {self.socket} (log: {self.log_path})")
         return self
@@ -194,7 +198,8 @@ class Daemon:
                 self.process.wait()
         if self.client is not None:
             self.client.close()
-        self._log.close()
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
         return self.process.returncode
 
     def log_text(self) -> str:
@@ -250,3 +255,32 @@ def pid_alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+def zombie_children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` in the Z (zombie) state: exited but never reaped."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(stat[1]) == pid and stat[0] == "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def reaped(pid: int) -> bool:
+    """True once ``pid`` has no /proc entry at all: it exited and its parent reaped it."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -7,6 +7,7 @@ flight until the test has seen ``step.started`` and the reload's ``swap.parked``
 from __future__ import annotations
 
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,18 @@ def test_fifty_sighups_while_turns_run(tmp_path: Path) -> None:
         more = [daemon.send(s, "after") for s in sessions]
         assert all(m["turn"]["status"] == "completed" and m["messages"][-1]["model"] == "final-model" for m in more)
         assert not daemon.log_events("supervisor.task_failed")
+
+
+def test_a_sighup_during_start_up_is_a_reload_not_a_kill(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, config())
+    daemon.process = subprocess.Popen(daemon.command(), stdout=open(daemon.log_path, "wb"), stderr=subprocess.STDOUT,
+                                      env=daemon.env, cwd=tmp_path)
+    # The pid file appears while the daemon is still starting (before it serves the API).
+    wait_until(lambda: (daemon.state_dir / "agentd.pid").exists(), "the pid file")
+    daemon.process.send_signal(signal.SIGHUP)
+    try:
+        daemon.start_client()
+        daemon.wait_log("config.reload")
+        assert daemon.process.poll() is None
+    finally:
+        daemon.stop()

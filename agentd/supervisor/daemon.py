@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -122,8 +122,27 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+class EarlySignals:
+    """Signals that arrive while starting up, before the event loop listens: remembered, not fatal.
+
+    A SIGHUP's default action would kill the daemon; instead it is replayed as a reload once the
+    daemon serves, and a SIGTERM/SIGINT as a shutdown.
+    """
+
+    SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        for signum in self.SIGNALS:
+            signal.signal(signum, self._remember)
+
+    def _remember(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+
+
 def run_daemon(options: DaemonOptions) -> int:
     """Run the supervisor until SIGTERM/SIGINT; return the exit code (0 clean, 1 runtime, 2 config)."""
+    early = EarlySignals()
     configure_logging(options.log_format, options.log_level)
     try:
         config = load_daemon_config(options.config_path)
@@ -140,14 +159,15 @@ def run_daemon(options: DaemonOptions) -> int:
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         with state_dir_lock(state_dir):
-            return anyio.run(_serve, options, config, policy, state_dir, listen, token)
+            return anyio.run(_serve, options, config, policy, state_dir, listen, token, early)
     except StateDirBusy as exc:
         return _fail(str(exc), EXIT_RUNTIME)
     except OSError as exc:
         return _fail(f"cannot start: {exc}", EXIT_RUNTIME)
 
 
-async def _serve(options: DaemonOptions, config, policy, state_dir: Path, listen: str | None, token: str) -> int:  # type: ignore[no-untyped-def]
+async def _serve(options: DaemonOptions, config, policy, state_dir: Path, listen: str | None, token: str,  # type: ignore[no-untyped-def]
+                 early: EarlySignals) -> int:
     store = await Store.open(state_dir / DB_FILE)
     supervisor = Supervisor(options, config, policy, store)
     socket_path = state_dir / SOCKET_FILE
@@ -168,7 +188,7 @@ async def _serve(options: DaemonOptions, config, policy, state_dir: Path, listen
                          model_swap=policy.policy.value, model_swap_source=policy.source, listen=listen,
                          config=str(options.config_path) if options.config_path else "<built-in quickstart>")
                 notify("READY=1", f"STATUS=generation {supervisor.generation}", f"MAINPID={os.getpid()}")
-                exit_code = await _handle_signals(signals, supervisor, tg)
+                exit_code = await _handle_signals(signals, supervisor, tg, early.received)
                 for server, _ in servers:
                     server.should_exit = True
                 tg.cancel_scope.cancel()
@@ -183,8 +203,9 @@ async def _serve(options: DaemonOptions, config, policy, state_dir: Path, listen
     return exit_code
 
 
-async def _handle_signals(signals: anyio.abc.AsyncIterator[int], supervisor: Supervisor, tg: anyio.abc.TaskGroup) -> int:  # type: ignore[name-defined]
-    """Serve signals until shutdown completes; return the exit code."""
+async def _handle_signals(signals: AsyncIterator[int], supervisor: Supervisor, tg: anyio.abc.TaskGroup,
+                          early: list[int]) -> int:
+    """Serve signals (those received during start-up first) until shutdown completes; return the exit code."""
     shutdown_done = anyio.Event()
     result = {"code": 0}
 
@@ -200,9 +221,15 @@ async def _handle_signals(signals: anyio.abc.AsyncIterator[int], supervisor: Sup
         outcome = await supervisor.reload()
         notify("READY=1", f"STATUS=generation {outcome.generation}")
 
+    async def replayed_then_live() -> AsyncIterator[int]:
+        for signum in early:
+            yield signum
+        async for signum in signals:
+            yield signum
+
     async def receive() -> None:
         shutting_down = False
-        async for signum in signals:
+        async for signum in replayed_then_live():
             if signum == signal.SIGHUP:
                 if not shutting_down:
                     tg.start_soon(reload)
