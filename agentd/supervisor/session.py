@@ -216,13 +216,16 @@ class SessionRuntime:
         self.child_generation = self.acked_generation = generation
         log.info(events.LOG_CHILD_READY, session=self.id, pid=child.pid, generation=generation)
         await child.send(Open(session=self.id, assistant=self.assistant, transcript=self.transcript))
+        # Mark ready and take the pending turn in one step (no await between): a turn accepted from
+        # now on is sent by deliver(), one accepted before is re-sent here — never both, never neither.
         self.child_state = "ready"
+        resend = self.pending
         # A reload that landed while this child was starting: give it the newest generation now.
         latest = self.host.swap_frame()
         if latest.generation > generation:
             await child.send(latest)
-        if self.pending is not None:
-            await child.send(Input(session=self.id, turn=self.pending.id, message=self.pending.message))
+        if resend is not None:
+            await child.send(Input(session=self.id, turn=resend.id, message=resend.message))
         tg.start_soon(self._ping_loop, child)
         await self._read_frames(child)
 
