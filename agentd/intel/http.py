@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -51,6 +52,12 @@ T = TypeVar("T")
 _MAX_ERROR_BODY = 64 * 1024  # enough for any error JSON; a huge error page is not worth reading
 _MAX_ERROR_TEXT = 300
 _RETRYABLE_STATUS = frozenset({408, 425, 429})
+_DRAIN_SECONDS = 0.5
+
+try:  # httpcore tries `import sniffio` on every request; when it is absent, each try costs ~1 ms
+    import sniffio  # noqa: F401
+except ImportError:
+    sys.modules["sniffio"] = None  # type: ignore[assignment]  # absent, and now known to be absent
 
 
 class Retryable(Exception):
@@ -222,9 +229,11 @@ class HTTPProvider:
                     content = await response.aread()
                     return self._checked(lambda: self.parse_body(decode_json(content, "the response body"), id_prefix))
                 reader = self.stream_reader(id_prefix)
-                async for data in response.aiter_bytes():
+                chunks = response.aiter_bytes()
+                async for data in chunks:
                     if self._checked(lambda: reader.feed(data)):
-                        break  # the terminator came: do not wait for the server to close
+                        await _drain(chunks)
+                        break
                 return self._checked(reader.finish)
             finally:
                 with anyio.CancelScope(shield=True):  # release the connection even when cancelled
@@ -383,6 +392,17 @@ class HTTPProvider:
             to_endpoint=redact_url(self.endpoints.urls[to_index]),
             reason=reason,
         )
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    """After the stream's terminator, read the body's end so the connection can be reused, but
+    never wait long for it: the answer is already whole."""
+    with anyio.move_on_after(_DRAIN_SECONDS):
+        try:
+            async for _ in chunks:
+                pass
+        except httpx.HTTPError:
+            pass
 
 
 class _TransportErrors:
