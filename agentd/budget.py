@@ -33,8 +33,8 @@ class TurnStatus(enum.StrEnum):
     FAILED = "failed"
 
 
-class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Tokens spent."""
+class Usage(msgspec.Struct, frozen=True):
+    """Tokens spent (both counts always present, on the wire and in the API)."""
 
     input_tokens: int = 0
     output_tokens: int = 0

@@ -373,11 +373,12 @@ class Supervisor:
         return turn
 
     async def _turn_result(self, session_id: str, turn: PendingTurn) -> MessageResult:
+        # started_at is when the supervisor accepted the turn — as stored, and as GET /v1/sessions shows.
         done = turn.result
         assert done is not None
         view = TurnView(id=done.turn, status=done.status.value, models=done.models, steps=done.steps,
                         restarts=done.restarts, discarded=done.discarded, usage=done.usage,
-                        started_at=iso(done.started_at), ended_at=iso(done.ended_at), error=done.error)
+                        started_at=iso(turn.started_at), ended_at=iso(done.ended_at), error=done.error)
         return MessageResult(turn=view, messages=turn.entries)
 
     def subscribe(self, session_id: str) -> Any:
