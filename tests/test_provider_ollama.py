@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 import structlog
 
 from agentd.budget import Usage
-from agentd.config import Intelligence
+from agentd.config import Intelligence, intelligence_map, load_config
 from agentd.events import LOG_INTEL_ERROR, LOG_INTEL_FAILOVER
 from agentd.intel.base import CompletionRequest, IntelError, IntelErrorKind, build_provider
 from agentd.intel.endpoints import BreakerPolicy, BreakerState, RetryPolicy
 from agentd.intel.ollama import OllamaProvider
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
-from agentd.tools import ToolSpec
+from agentd.tools import ToolSpec, resolve_tool
 from tests.fakes import (
     FakeCall,
     FakeOllama,
@@ -351,3 +353,27 @@ async def test_bearer_key_is_sent_when_configured(monkeypatch: pytest.MonkeyPatc
             await provider.complete(ask())
             assert "ollama-secret-value" not in repr(provider)
     assert server.chat_requests[0].headers["authorization"] == "Bearer ollama-secret-value"
+
+
+async def test_connections_are_reused_across_steps() -> None:
+    with FakeOllama(default=Reply(content="ok", pieces=8)) as server:
+        async with opened(make(server.url)) as provider:
+            for _ in range(4):
+                await provider.complete(ask())
+    assert server.stats.connections == 1
+
+
+async def test_the_ollama_example_config_works_against_the_fake() -> None:
+    config = load_config(Path(__file__).parent.parent / "examples" / "ollama.toml")
+    with FakeOllama(default=Reply(content="Hello from the example.")) as server:
+        for name, intelligence in intelligence_map(config).items():
+            local = msgspec.structs.replace(intelligence, endpoints=(server.url,))
+            provider = build_provider(local)
+            assert isinstance(provider, OllamaProvider)
+            async with opened(provider):
+                completion = await provider.complete(ask(tools=tuple(resolve_tool(ref).spec for ref in config.assistant(name).tools)))
+            assert completion.message.content == "Hello from the example."
+    assert server.models_served() == ["qwen3:4b", "llama3.2:3b"]
+    first, second = (r.body for r in server.chat_requests)
+    assert (first["think"], second["think"]) == (True, False)
+    assert "read_timeout" not in first["options"] and first["options"]["num_ctx"] == 8192

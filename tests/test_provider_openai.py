@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 import structlog
 
 from agentd.budget import Usage
-from agentd.config import Intelligence
+from agentd.config import Intelligence, intelligence_map, load_config
 from agentd.intel.base import CompletionRequest, IntelError, IntelErrorKind, build_provider
 from agentd.intel.endpoints import BreakerState, RetryPolicy
 from agentd.intel.openai import OpenAIProvider
@@ -290,3 +292,28 @@ async def test_the_api_key_appears_in_no_error_repr_or_log() -> None:
     rendered = [repr(event) for event in logs]
     assert rendered and all(KEY not in text for text in seen + rendered)
     assert all(r.headers.get("authorization") == f"Bearer {KEY}" for r in server.chat_requests)
+
+
+async def test_connections_are_reused_across_steps() -> None:
+    with FakeOpenAI(default=Reply(content="ok", pieces=8)) as server:
+        async with opened(make(server.url)) as provider:
+            for _ in range(4):
+                await provider.complete(ask())
+    assert server.stats.connections == 1
+
+
+async def test_the_openai_example_config_works_against_the_fake() -> None:
+    config = load_config(Path(__file__).parent.parent / "examples" / "openai.toml")
+    intelligences = intelligence_map(config)
+    assert intelligences["triage"].api_key_env is None and intelligences["billing"].api_key_env == "OPENAI_API_KEY"
+    with FakeOpenAI(default=Reply(content="Hello from the example.")) as server:
+        for intelligence in intelligences.values():
+            # Keep the example's failover shape: a dead first endpoint, then the fake.
+            local = msgspec.structs.replace(intelligence, endpoints=(refused_url(), server.url + "/v1"), api_key_env=KEY_ENV)
+            provider = build_provider(local)
+            assert isinstance(provider, OpenAIProvider)
+            async with opened(provider):
+                assert (await provider.complete(ask())).message.content == "Hello from the example."
+    assert server.models_served() == ["Qwen/Qwen3-4B-Instruct-2507", "gpt-4o-mini"]
+    body = server.chat_requests[0].body
+    assert (body["temperature"], body["max_tokens"]) == (0.2, 1024) and "read_timeout" not in body
