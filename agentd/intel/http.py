@@ -120,7 +120,7 @@ class HTTPProvider:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.intelligence = intelligence
-        self.endpoints = Endpoints(intelligence.endpoints or ("http://127.0.0.1:1",), breaker)
+        self.endpoints = Endpoints(intelligence.endpoints, breaker)  # config guarantees at least one
         self.retry = retry or RetryPolicy()
         self._clock = clock
         self._sleep = sleep
