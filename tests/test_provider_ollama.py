@@ -377,3 +377,18 @@ async def test_the_ollama_example_config_works_against_the_fake() -> None:
     first, second = (r.body for r in server.chat_requests)
     assert (first["think"], second["think"]) == (True, False)
     assert "read_timeout" not in first["options"] and first["options"]["num_ctx"] == 8192
+
+
+async def test_discovery_errors_have_kinds() -> None:
+    with FakeOllama() as server:
+        async with opened(make(server.url)) as provider:
+            server.models_body = lambda: ["not", "a", "tag", "list"]  # type: ignore[method-assign]
+            assert (await fails_models(provider)).kind is IntelErrorKind.MALFORMED
+    async with opened(make(refused_url(), retry=RetryPolicy(rounds=1))) as provider:
+        assert (await fails_models(provider)).kind is IntelErrorKind.UNAVAILABLE
+
+
+async def fails_models(provider: OllamaProvider) -> IntelError:
+    with pytest.raises(IntelError) as caught:
+        await provider.models()
+    return caught.value

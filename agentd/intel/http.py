@@ -190,7 +190,7 @@ class HTTPProvider:
         async def attempt(endpoint: str) -> list[str]:
             timeout = httpx.Timeout(30.0, connect=5.0)
             response = await self._send("GET", self.models_url(endpoint), None, timeout, stream=False)
-            return self.parse_models(decode_json(response.content, "the model list"))
+            return self._checked(lambda: self.parse_models(decode_json(response.content, "the model list")))
 
         return await self._with_failover(attempt, deadline, "models")
 
