@@ -115,7 +115,7 @@ def build_app(supervisor: Supervisor) -> Starlette:
     async def metrics(_: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(supervisor.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(supervisor.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     async def on_api_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)

@@ -317,6 +317,10 @@ def test_metrics_is_prometheus_text(daemon: Daemon) -> None:
     assert "# TYPE agentd_turns_total counter" in text or "# TYPE agentd_turns counter" in text
     completed = [line for line in text.splitlines() if line.startswith("agentd_turns_total{") and 'status="completed"' in line]
     assert completed and float(completed[0].rsplit(" ", 1)[1]) >= 1
+    idle = [line for line in text.splitlines() if line.startswith('agentd_sessions{state="idle"}')]
+    assert idle and float(idle[0].rsplit(" ", 1)[1]) >= 1
+    children = [line for line in text.splitlines() if line.startswith("agentd_children ")]
+    assert children and float(children[0].rsplit(" ", 1)[1]) >= 1
 
 
 # --------------------------------------------------------------------------- TCP listener

@@ -260,6 +260,13 @@ class Supervisor:
             children=children, sessions=counts, draining=self.draining,
         )
 
+    def metrics_text(self) -> bytes:
+        """Prometheus exposition, with the gauges read fresh."""
+        for state in ("idle", "running", "failed"):
+            self.metrics.sessions.labels(state=state).set(sum(1 for r in self.sessions.values() if r.state == state))
+        self.metrics.children.set(sum(1 for r in self.sessions.values() if r.child is not None))
+        return self.metrics.render()
+
     def ready(self) -> list[str]:
         """Reasons the daemon is not ready (empty = ready)."""
         reasons = ["draining"] if self.draining else []
