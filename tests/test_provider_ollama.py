@@ -319,13 +319,33 @@ async def test_fresh_provider_means_fresh_health() -> None:
 # --------------------------------------------------------------------------- deadlines and requests
 
 
-async def test_deadline_ends_a_stalled_call_without_blaming_the_endpoint() -> None:
+async def test_deadline_ends_a_stalled_call_and_counts_against_the_endpoint() -> None:
+    with FakeOllama() as server, FakeOllama(default=Reply(content="secondary")) as secondary:
+        server.script(stall(after=1), stall(after=1), stall(after=1))
+        async with opened(make(server.url, secondary.url)) as provider:
+            for expected_failures in (1, 2):
+                error = await fails(provider, ask(deadline=anyio.current_time() + 0.2))
+                assert error.kind is IntelErrorKind.UNAVAILABLE and "deadline" in str(error)
+                assert provider.endpoints.health[0].failures == expected_failures
+            await fails(provider, ask(deadline=anyio.current_time() + 0.2))
+            assert provider.endpoints.state(0) is BreakerState.OPEN  # a stall longer than the deadline, three times
+            assert (await provider.complete(ask(deadline=anyio.current_time() + 10))).message.content == "secondary"
+
+
+async def test_a_caller_cancelling_a_probe_gives_no_verdict() -> None:
+    clock = ManualClock()
     with FakeOllama() as server:
-        server.script(stall(after=1))
-        async with opened(make(server.url)) as provider:
-            error = await fails(provider, ask(deadline=anyio.current_time() + 0.3))
-            assert provider.endpoints.health[0].failures == 0
-    assert error.kind is IntelErrorKind.UNAVAILABLE and "deadline" in str(error)
+        server.script(status(500), status(500), status(500), stall(after=1))
+        async with opened(make(server.url, clock=clock, retry=RetryPolicy(rounds=1))) as provider:
+            for _ in range(3):
+                await fails(provider)
+            clock.now += 5.0
+            async with anyio.create_task_group() as group:
+                group.start_soon(provider.complete, ask())
+                await anyio.to_thread.run_sync(server.stalled.wait, 10.0)
+                assert provider.endpoints.state(0) is BreakerState.HALF_OPEN
+                group.cancel_scope.cancel()
+            assert provider.endpoints.state(0) is BreakerState.OPEN and provider.endpoints.health[0].cooldown == 5.0
 
 
 async def test_a_deadline_already_passed_sends_nothing() -> None:

@@ -348,10 +348,15 @@ class HTTPProvider:
             self._log_error(index, exc.kind, str(exc), what, retrying=False)
             raise
         finally:
-            if not verdict:
-                self.endpoints.released(index)  # cancelled or out of time: no verdict on the endpoint
-        assert scope.cancelled_caught
-        raise self._unavailable(f"the request deadline passed while waiting for {redact_url(endpoint)}")
+            if not verdict and not scope.cancelled_caught:
+                self.endpoints.released(index)  # cancelled by our caller: no verdict on the endpoint
+        # Out of time. An endpoint that cannot answer within the deadline is failing us, whatever
+        # its read timeout says (a stall longer than the deadline is caught only here); one slow
+        # answer does not open its breaker, three in a row do.
+        message = f"the request deadline passed while waiting for {redact_url(endpoint)}"
+        self.endpoints.failed(index, self._clock())
+        self._log_error(index, IntelErrorKind.UNAVAILABLE, message, what, retrying=False)
+        raise self._unavailable(message)
 
     async def _pause(self, round_index: int, deadline: float | None, last_error: str) -> None:
         """Back off between rounds, at least until the earliest endpoint is usable again."""
