@@ -3,6 +3,7 @@ including the secrets rule: the API key never shows in an error, a repr or a log
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -317,3 +318,20 @@ async def test_the_openai_example_config_works_against_the_fake() -> None:
     assert server.models_served() == ["Qwen/Qwen3-4B-Instruct-2507", "gpt-4o-mini"]
     body = server.chat_requests[0].body
     assert (body["temperature"], body["max_tokens"]) == (0.2, 1024) and "read_timeout" not in body
+
+
+async def test_fake_server_gate_holds_a_step_in_flight() -> None:
+    gate = threading.Event()
+    with FakeOpenAI(default=Reply(content="released", gate=gate)) as server:
+        async with opened(make(server.url)) as provider:
+            async with anyio.create_task_group() as group:
+                results: list[str] = []
+
+                async def step() -> None:
+                    results.append((await provider.complete(ask())).message.content)
+
+                group.start_soon(step)
+                assert await anyio.to_thread.run_sync(server.wait_for_received, 1)
+                assert results == [] and server.models_served() == ["gpt-test"]
+                gate.set()
+    assert results == ["released"]

@@ -7,6 +7,7 @@ wire format, streamed or not as the request asks.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -45,6 +46,9 @@ class Reply:
     pieces: int = 3  # content (and thinking) arrive in about this many deltas
     think_tags: bool = False
     finish_reason: str | None = None  # default: "tool_calls" with calls, else "stop"
+    # When set, the server holds its answer until the event is set (at most 30 s): lets a test act
+    # (swap a model, cancel a turn) while a step is known to be in flight.
+    gate: threading.Event | None = field(default=None, compare=False)
 
 
 FaultKind = Literal["status", "drop", "truncate", "malformed", "stall", "stream_error", "raw"]

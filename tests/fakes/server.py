@@ -24,6 +24,7 @@ from tests.fakes.script import Fault, Reply
 __all__ = ["FakeServer", "RecordedRequest", "refused_url"]
 
 ScriptItem = Reply | Fault
+_GATE_SECONDS = 30.0
 Responder = Callable[["RecordedRequest"], ScriptItem]
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
@@ -134,6 +135,11 @@ class FakeServer:
         """The ``model`` named by each chat request, in order."""
         return [r.model for r in self.chat_requests]
 
+    def wait_for_received(self, count: int, timeout: float = 10.0) -> bool:
+        """Block until ``count`` chat requests have arrived (answered or not); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.chat_requests) >= count, timeout)
+
     def wait_for_requests(self, count: int, timeout: float = 10.0) -> bool:
         """Block until ``count`` chat requests have finished (True) or ``timeout`` passed (False)."""
         with self._changed:
@@ -223,7 +229,9 @@ class FakeServer:
         except ValueError:
             body = None
         request = RecordedRequest(method, target.split("?", 1)[0], headers, body, time.perf_counter())
-        self.requests.append(request)
+        with self._changed:
+            self.requests.append(request)
+            self._changed.notify_all()
         return request
 
     async def _respond(self, request: RecordedRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -242,6 +250,8 @@ class FakeServer:
         stream = request.body.get("stream", self.default_stream) if isinstance(request.body, dict) else False
         if isinstance(item, Reply):
             request.outcome = "reply"
+            if item.gate is not None:
+                await asyncio.get_running_loop().run_in_executor(None, item.gate.wait, _GATE_SECONDS)
             if stream:
                 return await self._send_stream(writer, self.stream_records(item, request, self._seq))
             await self._send_json(writer, 200, self.body(item, request, self._seq))
