@@ -92,6 +92,7 @@ class FakeServer:
         self._stopping: asyncio.Event | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._seq = 0
+        self._gates: set[threading.Event] = set()
         self.port = 0
 
     # ----------------------------------------------------------------------- control (any thread)
@@ -110,7 +111,9 @@ class FakeServer:
         return self
 
     def stop(self) -> None:
-        """Stop listening and drop every open connection (ends stalls)."""
+        """Stop listening and drop every open connection (ends stalls and opens held gates)."""
+        for gate in list(self._gates):
+            gate.set()
         if self._loop is not None and self._stopping is not None:
             self._loop.call_soon_threadsafe(self._stopping.set)
         if self._thread is not None:
@@ -251,6 +254,7 @@ class FakeServer:
         if isinstance(item, Reply):
             request.outcome = "reply"
             if item.gate is not None:
+                self._gates.add(item.gate)
                 await asyncio.get_running_loop().run_in_executor(None, item.gate.wait, _GATE_SECONDS)
             if stream:
                 return await self._send_stream(writer, self.stream_records(item, request, self._seq))
