@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/provider_overhead.py [--steps 300] [--trials 60]
 
-1. Overhead per step: sequential ``complete()`` calls (streamed answer of 24 content deltas, a
-   thinking part and a tool call, over a 12-message history) against the fake Ollama and
+1. Overhead per step: sequential ``complete()`` calls (an answer of 24 content deltas, 21
+   thinking deltas and a tool call, over a 12-message history; streamed, then as one body) against the fake Ollama and
    OpenAI-compatible servers. The fake runs in its own process so it does not share our GIL; it
    logs how long it spent on each request (request read → last byte written). Overhead = agentd's
    wall time for the call minus the server's time for it: request building and encoding, HTTP on
@@ -82,9 +82,9 @@ def history() -> list[Message]:
 TOOLS = [ToolSpec(name="lookup", description="Look a word up", parameters={"type": "object", "properties": {"word": {"type": "string"}}})]
 
 
-def provider(kind: str, urls: tuple[str, ...]) -> HTTPProvider:
+def provider(kind: str, urls: tuple[str, ...], options: dict[str, Any] | None = None) -> HTTPProvider:
     endpoints = tuple(u + "/v1" if kind == "openai" and not u.endswith("/v1") else u for u in urls)
-    intelligence = Intelligence(provider=kind, endpoints=endpoints, model="bench-model")  # type: ignore[arg-type]
+    intelligence = Intelligence(provider=kind, endpoints=endpoints, model="bench-model", options=options or {})  # type: ignore[arg-type]
     return (OllamaProvider if kind == "ollama" else OpenAIProvider)(intelligence)
 
 
@@ -93,9 +93,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def overhead(kind: str, steps: int) -> dict[str, Any]:
+async def overhead(kind: str, steps: int, stream: bool) -> dict[str, Any]:
     server = ServerProcess(kind)
-    client = provider(kind, (server.url,))
+    client = provider(kind, (server.url,), {"stream": stream})
     request = CompletionRequest(messages=history(), tools=TOOLS)
     walls: list[float] = []
     try:
@@ -154,9 +154,10 @@ async def main(steps: int, trials: int) -> None:
 
     logging.disable(logging.CRITICAL)
     structlog.configure(logger_factory=structlog.ReturnLoggerFactory())  # keep failover logs off the figures
-    for kind in ("ollama", "openai"):
-        o = await overhead(kind, steps)
-        print(f"{kind:7s} overhead per step: median {o['overhead_ms_median']:.2f} ms, p95 {o['overhead_ms_p95']:.2f} ms "
+    for kind, stream in (("ollama", True), ("openai", True), ("ollama", False), ("openai", False)):
+        o = await overhead(kind, steps, stream)
+        mode = "streamed, ~48 chunks" if stream else "one JSON body"
+        print(f"{kind:7s} ({mode}) overhead per step: median {o['overhead_ms_median']:.2f} ms, p95 {o['overhead_ms_p95']:.2f} ms "
               f"(call {o['wall_ms_median']:.2f} ms, server {o['server_ms_median']:.2f} ms; {o['steps']} steps)")
     for kind in ("ollama", "openai"):
         f = await failover(kind, trials)

@@ -184,7 +184,7 @@ layouts = st.builds(
     with_ids=st.booleans(),
     crlf=st.booleans(),
     comments=st.booleans(),
-).filter(lambda layout: True)
+)
 
 
 @settings(max_examples=60)

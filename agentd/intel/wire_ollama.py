@@ -84,6 +84,9 @@ class OllamaChunk(msgspec.Struct, frozen=True):
     error: Any = None
 
 
+_CHUNK_DECODER = msgspec.json.Decoder(OllamaChunk)
+
+
 # --------------------------------------------------------------------------- requests
 
 
@@ -212,12 +215,21 @@ class OllamaStream:
         return self._final is not None
 
     def feed_line(self, line: bytes) -> None:
-        """Take one NDJSON line."""
-        self.feed(decode_json(line, "an Ollama stream line"))
+        """Take one NDJSON line (decoded straight into the wire Struct: this runs per token)."""
+        try:
+            chunk = _CHUNK_DECODER.decode(line)
+        except msgspec.ValidationError:
+            self.feed(decode_json(line, "an Ollama stream line"))  # JSON of the wrong shape: say where
+            return
+        except msgspec.DecodeError as exc:
+            raise WireError(f"an Ollama stream line is not JSON: {exc}") from None
+        self._take(chunk)
 
     def feed(self, raw: Any) -> None:
         """Take one decoded stream object."""
-        chunk = convert(raw, OllamaChunk, "an Ollama stream line")
+        self._take(convert(raw, OllamaChunk, "an Ollama stream line"))
+
+    def _take(self, chunk: OllamaChunk) -> None:
         if chunk.error is not None:
             raise RemoteError(ollama_error_message(chunk.error))
         if self._final is not None:

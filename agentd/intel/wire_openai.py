@@ -102,6 +102,9 @@ class OpenAIChunk(msgspec.Struct, frozen=True):
     error: Any = None
 
 
+_CHUNK_DECODER = msgspec.json.Decoder(OpenAIChunk)
+
+
 # --------------------------------------------------------------------------- requests
 
 
@@ -283,16 +286,25 @@ class OpenAIStream:
             self.saw_done = True
             return
         try:
-            raw = msgspec.json.decode(data)
+            chunk = _CHUNK_DECODER.decode(data)  # straight into the wire Struct: this runs per token
+        except msgspec.ValidationError:
+            chunk = None  # JSON of the wrong shape (or an odd error payload): the slow path says which
         except msgspec.DecodeError as exc:
             raise WireError(f"an OpenAI stream chunk is not JSON: {exc}") from None
-        self.feed(raw)
+        if chunk is None:
+            self.feed(msgspec.json.decode(data))
+        else:
+            self._take(chunk)
 
     def feed(self, raw: Any) -> None:
         """Take one decoded chunk."""
         if isinstance(raw, dict) and raw.get("error") is not None:
             raise openai_remote_error(raw["error"])
-        chunk = convert(raw, OpenAIChunk, "an OpenAI stream chunk")
+        self._take(convert(raw, OpenAIChunk, "an OpenAI stream chunk"))
+
+    def _take(self, chunk: OpenAIChunk) -> None:
+        if chunk.error is not None:
+            raise openai_remote_error(chunk.error)
         self._model = chunk.model or self._model
         if chunk.usage is not None:
             self._usage = chunk.usage
