@@ -49,6 +49,8 @@ SESSION_EVENTS: Final = frozenset(
 
 # --- log events (DESIGN §3.9, §4, §9) -----------------------------------------------------------
 LOG_SWAP_SENT: Final = "intel.swap.sent"
+LOG_SWAP_ACKED: Final = "intel.swap.acked"  # debug: one child acknowledged
+LOG_SWAP_FANOUT_ACKED: Final = "intel.swap.fanout_acked"  # every child a reload reached has acknowledged
 LOG_SWAP_PARKED: Final = "intel.swap.parked"
 LOG_SWAP_APPLIED: Final = "intel.swap.applied"
 LOG_TURN_RESTARTED: Final = "turn.restarted"

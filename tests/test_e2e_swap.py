@@ -75,6 +75,8 @@ def test_finish_on_old_keeps_the_in_flight_turn_on_the_old_model(tmp_path: Path)
         assert {e["model"] for e in second["messages"] if e["role"] == "assistant"} == {"new-model"}
         assert daemon.session(session)["model"] == "new-model"
         assert daemon.log_events("intel.swap.sent"), "the supervisor logs intel.swap.sent per child"
+        acked = daemon.wait_log("intel.swap.fanout_acked")
+        assert acked[0]["generation"] == 2 and acked[0]["seconds"] >= 0
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])

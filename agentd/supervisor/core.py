@@ -91,6 +91,7 @@ class Supervisor:
         self.reloads: ReloadCoordinator[ReloadResult] = ReloadCoordinator(self._reload)
         self._tg: anyio.abc.TaskGroup | None = None
         self._turn_ended = anyio.Event()
+        self._awaiting_acks: dict[int, tuple[set[str], float]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -179,7 +180,16 @@ class Supervisor:
         return effective_intelligence(self.config, assistant)
 
     def swap_acked(self, runtime: SessionRuntime, generation: int) -> None:
-        log.debug("intel.swap.acked", session=runtime.id, generation=generation)
+        log.debug(events.LOG_SWAP_ACKED, session=runtime.id, generation=generation)
+        waiting = self._awaiting_acks.get(generation)
+        if waiting is None:
+            return
+        sessions, started = waiting
+        sessions.discard(runtime.id)
+        if not sessions:
+            del self._awaiting_acks[generation]
+            log.info(events.LOG_SWAP_FANOUT_ACKED, generation=generation,
+                     seconds=round(time.monotonic() - started, 4))
 
     # ------------------------------------------------------------------ reload
 
@@ -230,6 +240,8 @@ class Supervisor:
             return []
         frame = self.swap_frame()
         runtimes = [r for r in self.sessions.values() if not r.closing]
+        # Older generations still waiting for acks are superseded (their children may be gone).
+        self._awaiting_acks = {frame.generation: ({r.id for r in runtimes if r.child_state == "ready"}, time.monotonic())}
         swapped = sessions_to_swap({r.id: r.assistant for r in runtimes}, intelligence_changed)
         async with anyio.create_task_group() as tg:
             for runtime in runtimes:
