@@ -23,6 +23,8 @@ test: install-test
 
 bench: install-test
 	$(BIN)/python bench/child_figures.py
+	$(BIN)/python bench/provider_overhead.py
+	$(BIN)/python bench/swap_latency.py
 
 clean:
 	rm -rf $(VENV) .agentd build *.egg-info

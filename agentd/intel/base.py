@@ -76,11 +76,11 @@ def build_provider(intelligence: Intelligence) -> Provider:
 
         return ScriptedProvider(intelligence)
     if intelligence.provider == "ollama":
-        from agentd.intel.ollama import OllamaProvider  # type: ignore[import-not-found]
+        from agentd.intel.ollama import OllamaProvider
 
         return OllamaProvider(intelligence)
     if intelligence.provider == "openai":
-        from agentd.intel.openai import OpenAIProvider  # type: ignore[import-not-found]
+        from agentd.intel.openai import OpenAIProvider
 
         return OpenAIProvider(intelligence)
     raise ValueError(f"unknown provider {intelligence.provider!r}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -53,11 +52,6 @@ _MAX_ERROR_BODY = 64 * 1024  # enough for any error JSON; a huge error page is n
 _MAX_ERROR_TEXT = 300
 _RETRYABLE_STATUS = frozenset({408, 425, 429})
 _DRAIN_SECONDS = 0.5
-
-try:  # httpcore tries `import sniffio` on every request; when it is absent, each try costs ~1 ms
-    import sniffio  # noqa: F401
-except ImportError:
-    sys.modules["sniffio"] = None  # type: ignore[assignment]  # absent, and now known to be absent
 
 
 class Retryable(Exception):
