@@ -201,3 +201,23 @@ def test_a_sighup_during_start_up_is_a_reload_not_a_kill(tmp_path: Path) -> None
         assert daemon.process.poll() is None
     finally:
         daemon.stop()
+
+
+def test_watch_config_reloads_when_the_file_changes(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, config(), args=["--watch-config"]) as daemon:
+        session = daemon.new_session()
+        events = daemon.events(session)
+        daemon.config_path.write_text(config("watched-model"))
+        events.wait("swap.applied", lambda d: d["model_to"] == "watched-model")
+        assert daemon.status()["generation"] == 2
+        assert daemon.log_events("config.reload")[0].get("trigger") == "watch"
+
+
+def test_restart_only_fields_are_reported_and_kept(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, config()) as daemon:
+        moved = f'[server]\nstate_dir = "{tmp_path / "elsewhere"}"\n'
+        daemon.config_path.write_text(moved + config("new-model"))
+        result = daemon.json("POST", "/v1/reload", status=200)
+        assert result["restart_required"] == ["server.state_dir"]
+        assert result["applied"] is True and "intelligence.model" in result["changed"]
+        assert daemon.socket.exists() and not (tmp_path / "elsewhere").exists()
