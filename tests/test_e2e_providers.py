@@ -270,7 +270,7 @@ def test_failover_to_the_second_endpoint_when_the_first_refuses(tmp_path: Path) 
 
 def test_all_endpoints_down_ends_intel_unavailable_and_the_session_stays_usable(tmp_path: Path) -> None:
     dead = distinct_refused_urls(2)
-    with running_daemon(tmp_path, ollama_config(OLD, dead, deadline="3s")) as daemon:
+    with running_daemon(tmp_path, ollama_config(OLD, dead, deadline="8s")) as daemon:
         assert daemon.api("GET", "/v1/ready").status_code == 200
         session = daemon.new_session()
         turn_id, events = start_turn(daemon, session)
@@ -289,7 +289,7 @@ def test_all_endpoints_down_ends_intel_unavailable_and_the_session_stays_usable(
         assert daemon.session(session)["state"] == "idle"
 
         with FakeOllama(default=Reply(content="back online")) as server:
-            daemon.config_path.write_text(ollama_config(OLD, [server.url], deadline="3s"))
+            daemon.config_path.write_text(ollama_config(OLD, [server.url], deadline="8s"))
             reload = daemon.json("POST", "/v1/reload", status=200)
             assert reload["applied"] is True and reload["swapped_sessions"] == [session]
             events.wait("swap.applied", lambda d: d["kind"] == "repoint")
