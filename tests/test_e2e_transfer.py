@@ -101,3 +101,38 @@ def test_chat_shows_the_handoff(tmp_path: Path) -> None:
         assert "billing" in chat.stdout and "triage" in chat.stdout
         assert "transfer" in chat.stdout.lower()
         assert "[billing-small] You said: hello" in chat.stdout
+
+
+@pytest.mark.parametrize(
+    ("mode", "first", "expected"),
+    [
+        ("assistant-speaks-first", 'first_message = "Hi there."', ["S:solo", "A:solo"]),
+        ("assistant-speaks-first-with-model-generated-message", "", ["S:solo", "A:solo"]),
+        ("assistant-waits-for-user", 'first_message = "never said"', ["S:solo"]),
+    ],
+)
+def test_first_message_modes_at_session_start(tmp_path: Path, mode: str, first: str, expected: list[str]) -> None:
+    text = f"""
+[intelligence]
+provider = "scripted"
+model = "solo-model"
+
+[[assistants]]
+name = "solo"
+system = "You work alone."
+first_message_mode = "{mode}"
+{first}
+"""
+    with running_daemon(tmp_path, text) as daemon:
+        created = daemon.json("POST", "/v1/sessions", {}, status=201)
+        assert picture(created["transcript"]) == expected
+        if mode == "assistant-speaks-first":
+            assert created["transcript"][-1]["content"] == "Hi there."
+            assert created["turns"] == []
+        elif mode.endswith("model-generated-message"):
+            opener = created["transcript"][-1]
+            assert opener["content"] == "[solo-model] Hello, solo here. How can I help?"
+            assert opener["model"] == "solo-model"
+            assert [t["status"] for t in created["turns"]] == ["completed"]
+        reply = daemon.send(created["id"], "hello")
+        assert reply["messages"][-1]["content"] == "[solo-model] You said: hello"
