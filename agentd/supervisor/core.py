@@ -30,7 +30,7 @@ from agentd.config import (
 )
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
-from agentd.protocol import Cancel, Spawn, SwapIntel
+from agentd.protocol import Spawn, SwapIntel
 from agentd.store import Store, StoredSession, StoredTurn, StoreError
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.reload import ReloadCoordinator, plan_reload, sessions_to_swap
@@ -407,9 +407,7 @@ class Supervisor:
         runtime = self._open_runtime(session_id)
         if runtime.pending is None:
             raise ApiError(409, "no_turn", f"session {session_id} has no turn running")
-        turn_id = runtime.pending.id
-        await runtime._send(Cancel(session=session_id, turn=turn_id))
-        return turn_id
+        return await runtime.cancel_turn()
 
     async def close_session(self, session_id: str) -> SessionSummary:
         runtime = self._open_runtime(session_id)

@@ -24,6 +24,7 @@ from agentd.budget import TurnStatus
 from agentd.messages import Message, UserMessage
 from agentd.obs import get_logger
 from agentd.protocol import (
+    Cancel,
     Event,
     Failed,
     Frame,
@@ -126,6 +127,13 @@ class SessionRuntime:
         self.state = "running"
         if self.child is not None and self.child_state == "ready":
             await self._send(Input(session=self.id, turn=turn.id, message=turn.message))
+
+    async def cancel_turn(self) -> str:
+        """Ask the child to cancel the in-flight turn; the turn then ends ``cancelled``. Returns its id."""
+        assert self.pending is not None
+        turn_id = self.pending.id
+        await self._send(Cancel(session=self.id, turn=turn_id))
+        return turn_id
 
     def resume(self) -> None:
         """A failed session got a new message: start a child again."""
