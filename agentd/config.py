@@ -398,6 +398,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([ConfigIssue("", f"cannot read config file: {exc.strerror or exc}")], str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([ConfigIssue("", f"config file is not UTF-8 text: byte {exc.start}: {exc.reason}")], str(path)) from None
     return parse_config(text, str(path))
 
 

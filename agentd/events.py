@@ -58,6 +58,7 @@ LOG_TURN_DONE: Final = "turn.done"
 LOG_TURN_DISCARDED: Final = "turn.discarded"
 LOG_TOOL_REPLAYED: Final = "tool.replayed"
 LOG_CONFIG_RELOAD: Final = "config.reload"
+LOG_CONFIG_WATCH: Final = "config.watch"  # --watch-config saw the file change; a reload follows
 LOG_PROTOCOL_ERROR: Final = "protocol.error"
 LOG_CHILD_READY: Final = "child.ready"
 LOG_CHILD_EXIT: Final = "child.exit"

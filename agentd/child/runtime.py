@@ -128,7 +128,7 @@ class ChildRuntime:
         # Ack first: receipt is acknowledged at once; applying waits for each session's boundary.
         await self.send(SwapAck(generation=frame.generation))
         self.generation, self.policy, self.limits = frame.generation, frame.policy, frame.limits
-        self.intelligence = dict(frame.intelligence)
+        self.intelligence = {**self.intelligence, **frame.intelligence}
         for session in list(self.sessions.values()):
             await session.park(frame)
 
@@ -146,6 +146,8 @@ class ChildRuntime:
 
     async def _on_input(self, frame: Input) -> None:
         session = self.sessions.get(frame.session)
+        if session is not None and session.running and session.turn_id == frame.turn:
+            return  # the same turn delivered again (a supervisor retry): it is already running
         reason = None
         if self.draining:
             reason = "the child is shutting down"
@@ -156,7 +158,10 @@ class ChildRuntime:
         if reason is not None or session is None:
             await self.send(Failed(session=frame.session, turn=frame.turn, error=reason or "no session"))
             return
-        session.turn_id = frame.turn  # mark busy before the task starts: a second Input is refused
+        # Mark busy before the task starts: a second Input is refused, and a Cancel that arrives
+        # before the turn's first step still finds a scope to cancel.
+        session.turn_id = frame.turn
+        session.turn_scope = anyio.CancelScope()
         assert self._tg is not None
         self._tg.start_soon(self._turn_task, session, frame)
 

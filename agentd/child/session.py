@@ -79,7 +79,9 @@ class ChildSession:
     async def park(self, frame: SwapIntel) -> None:
         """Put a swap in the slot (latest wins). An idle session applies it at once."""
         self.parked = frame
+        # Wake whoever waits for a park, and give the next wait a fresh event.
         self.swap_parked_event.set()
+        self.swap_parked_event = anyio.Event()
         if not self.running:
             await self.apply_parked(turn=None)
             return
@@ -105,11 +107,12 @@ class ChildSession:
     async def apply_parked(self, turn: str | None) -> SwapKind | None:
         """Drain the slot: adopt the new generation and, if this session's intelligence changed, rebuild its client."""
         frame, self.parked = self.parked, None
-        self.swap_parked_event = anyio.Event()
         if frame is None:
             return None
         old = self.current_intelligence
-        self.intelligence = dict(frame.intelligence)
+        # Merged, not replaced: an assistant dropped from the config keeps its last intelligence
+        # for the sessions still on it.
+        self.intelligence = {**self.intelligence, **frame.intelligence}
         self.generation = frame.generation
         self.policy = frame.policy
         self.limits = frame.limits

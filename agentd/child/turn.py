@@ -89,14 +89,24 @@ class _Attempt:
         self.close_unpaired(status)
         return status
 
-    def checkpoint(self) -> None:
-        if self.session.restart_due(self.restarts):
-            raise _Restart
+    async def checkpoint(self) -> None:
+        """Between pieces of work: restart if a restart-turn model swap is parked.
+
+        Before the attempt has done anything there is nothing to discard: the swap is simply
+        applied (a boundary, like the top of the turn) and no restart is spent.
+        """
+        if not self.session.restart_due(self.restarts):
+            return
+        if not self.messages and (self.budget is None or self.budget.steps == 0):
+            await self.session.apply_parked(self.turn)
+            self.model = self.session.current_intelligence.model
+            return
+        raise _Restart
 
     async def _steps(self) -> TurnStatus:
         assert self.budget is not None
         while True:
-            self.checkpoint()
+            await self.checkpoint()
             if (status := self.budget.before_step()) is not None:
                 return status
             step = self.budget.steps + 1
@@ -116,14 +126,14 @@ class _Attempt:
                 content=message.content, thinking=message.thinking,
             )
             # A restart-turn swap that landed during this call discards even a final answer.
-            self.checkpoint()
+            await self.checkpoint()
             if over_budget is not None:
                 return over_budget
             if not message.tool_calls:
                 return TurnStatus.COMPLETED
             transfer = select_transfer(self.session.assistant_config, message)
             for call in message.tool_calls:
-                self.checkpoint()
+                await self.checkpoint()
                 if transfer is not None and destination_of(call.name) and _is_transfer_call(transfer, call):
                     await self._answer_transfer_call(call, transfer)
                     continue
@@ -169,9 +179,12 @@ class _Attempt:
         endpoints — the usual fix for a dead endpoint) is applied now; a restart-turn model swap
         restarts the turn; a finish-on-old model swap keeps waiting on the old model.
         """
+        session = self.session
         with anyio.move_on_after(backoff * random.uniform(0.5, 1.0)):
-            await self.session.swap_parked_event.wait()
-        self.checkpoint()
+            # Only a swap this wait can act on ends it early; others stay parked for the boundary.
+            while not (session.repoint_parked() or session.restart_due(self.restarts)):
+                await session.swap_parked_event.wait()
+        await self.checkpoint()
         if self.session.repoint_parked():
             await self.session.apply_parked(self.turn)
 
@@ -202,9 +215,16 @@ class _Attempt:
         log.info(events.LOG_TRANSFER, session=session.id, turn=self.turn, **{"from": source}, to=target,
                  mode=choice.transfer.mode.value)
         await session.emit(events.TRANSFER, self.turn, **{"from": source}, to=target, mode=choice.transfer.mode.value)
+        # The handoff is recorded before the opener's model call: a deadline or cancel during that
+        # call still leaves a consistent transcript for the new assistant.
+        self._set_transcript(history)
         opener = await self._opener(destination, history)
-        self.transcript = history + ([opener] if opener is not None else [])
-        self.messages = [m for m in self.transcript if m.turn == self.turn and not isinstance(m, UserMessage)]
+        if opener is not None:
+            self._set_transcript([*history, opener])
+
+    def _set_transcript(self, transcript: list[Message]) -> None:
+        self.transcript = transcript
+        self.messages = [m for m in transcript if m.turn == self.turn and not isinstance(m, UserMessage)]
 
     async def _opener(self, destination: Any, history: list[Message]) -> AssistantMessage | None:
         """F2: the destination's configured first message, or one model call over the new history."""
@@ -297,20 +317,25 @@ async def run_turn(session: ChildSession, turn: str, message: UserMessage | None
         base = list(session.transcript) + ([message] if message else [])
         await session.emit(events.TURN_STARTED, turn, assistant=session.assistant, model=session.current_intelligence.model)
         restarts, discarded, replay, usage = 0, [], {}, Usage()
-        session.turn_scope = anyio.CancelScope()
+        scope = session.turn_scope or anyio.CancelScope()
+        session.turn_scope = scope
         status: TurnStatus = TurnStatus.CANCELLED
-        with session.turn_scope:  # Cancel frames cancel this scope, whichever attempt is running
+        attempt = _Attempt(session, turn, base, tools, replay, restarts)
+        with scope:  # Cancel frames cancel this scope, whichever attempt is running
             while True:
-                attempt = _Attempt(session, turn, base, tools, replay, restarts)
                 try:
                     status = await attempt.run()
                     break
                 except _Restart:
-                    usage = usage + attempt.usage
-                    replay = attempt.replay_for_next()
-                    discarded.append(await _discard(session, attempt))
-                    restarts += 1
-        if session.turn_scope.cancelled_caught:
+                    # Switch to the fresh attempt before any await: a cancel from here on ends
+                    # the turn with the discarded attempt already accounted for, never committed.
+                    thrown_away, restarts = attempt, restarts + 1
+                    usage = usage + thrown_away.usage
+                    replay = thrown_away.replay_for_next()
+                    attempt = _Attempt(session, turn, base, tools, replay, restarts)
+                    with anyio.CancelScope(shield=True):
+                        discarded.append(await _discard(session, thrown_away))
+        if scope.cancelled_caught:
             status = TurnStatus.CANCELLED
             attempt.close_unpaired(status)
         usage = usage + attempt.usage

@@ -20,7 +20,7 @@ from agentd import __version__, events
 from agentd.config import (
     Config,
     ConfigError,
-    Intelligence,
+    ConfigIssue,
     PolicyChoice,
     effective_intelligence,
     intelligence_map,
@@ -28,6 +28,7 @@ from agentd.config import (
     quickstart_config,
     resolve_swap_policy,
 )
+from agentd.budget import TurnStatus
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
 from agentd.protocol import Spawn, SwapIntel
@@ -113,13 +114,19 @@ class Supervisor:
         runtime = SessionRuntime(self, stored.id, stored.assistant, state, stored.generation, stored.model, transcript)
         if pending is not None:
             # An interrupted turn: its input is stored, its results are not. It re-runs.
-            runtime.pending = PendingTurn(id=pending.id, message=pending.message, started_at=pending.started_at)
+            runtime.pending = PendingTurn(id=pending.id, message=pending.message, started_at=pending.started_at,
+                                          stored=True)
             runtime.state = "running" if state != "failed" else state
         return runtime
 
     async def _run_session(self, runtime: SessionRuntime) -> None:
+        """A session's task. A bug in one session marks it failed; it never takes the daemon down."""
         try:
             await runtime.run()
+        except Exception as exc:
+            log.exception("session.crashed", session=runtime.id)
+            with anyio.CancelScope(shield=True):
+                await runtime.fail(f"internal error: {type(exc).__name__}: {exc}")
         finally:
             if self.sessions.get(runtime.id) is runtime and runtime.closing and not self.stopping:
                 del self.sessions[runtime.id]
@@ -161,7 +168,7 @@ class Supervisor:
     # ------------------------------------------------------------------ what children are given
 
     def child_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != "AGENTD_API_TOKEN"}  # tools need no API token
         env["AGENTD_LOG_LEVEL"] = self.options.log_level
         return env
 
@@ -175,9 +182,12 @@ class Supervisor:
         return SwapIntel(generation=self.generation, policy=self.policy.policy,
                          intelligence=intelligence_map(self.config), limits=self.config.limits)
 
-    def intelligence_of(self, assistant: str) -> Intelligence:
-        """The running generation's effective intelligence of ``assistant``."""
-        return effective_intelligence(self.config, assistant)
+    def model_of(self, assistant: str, fallback: str) -> str:
+        """The running generation's model for ``assistant`` (``fallback`` if the config no longer has it)."""
+        try:
+            return effective_intelligence(self.config, assistant).model
+        except KeyError:
+            return fallback
 
     def swap_acked(self, runtime: SessionRuntime, generation: int) -> None:
         log.debug(events.LOG_SWAP_ACKED, session=runtime.id, generation=generation)
@@ -195,7 +205,12 @@ class Supervisor:
 
     async def reload(self) -> ReloadResult:
         """Reload the config file (serialized; concurrent requests coalesce into one more reload)."""
-        return await self.reloads.request()
+        try:
+            return await self.reloads.request()
+        except Exception as exc:  # a reload bug must never take the daemon down; the old config stays
+            log.exception(events.LOG_CONFIG_RELOAD, applied=False)
+            return ReloadResult(generation=self.generation, applied=False,
+                                errors=[ConfigIssue("", f"internal error: {type(exc).__name__}: {exc}")])
 
     async def _reload(self) -> ReloadResult:
         path = self.options.config_path
@@ -208,6 +223,11 @@ class Supervisor:
             log.warning(events.LOG_CONFIG_RELOAD, applied=False, generation=self.generation,
                         errors=[str(i) for i in exc.issues])
             return result
+        orphaned = self._orphaned_sessions(new)
+        if orphaned:
+            self.metrics.reloads.labels(result="rejected").inc()
+            log.warning(events.LOG_CONFIG_RELOAD, applied=False, generation=self.generation, errors=[str(i) for i in orphaned])
+            return ReloadResult(generation=self.generation, applied=False, errors=orphaned)
         plan = plan_reload(self.config, new)
         policy_changed = policy != self.policy
         if not plan.changed and not policy_changed:
@@ -228,6 +248,17 @@ class Supervisor:
                  restart_required=plan.restart_required, swapped_sessions=len(swapped),
                  policy=policy.policy.value, policy_source=policy.source)
         return result
+
+    def _orphaned_sessions(self, new: Config) -> list[ConfigIssue]:
+        """A new config must keep every assistant an open session is on (closing them is the operator's call)."""
+        names = {a.name for a in new.assistants}
+        on: dict[str, int] = {}
+        for runtime in self.sessions.values():
+            if runtime.assistant not in names:
+                on[runtime.assistant] = on.get(runtime.assistant, 0) + 1
+        return [ConfigIssue("assistants", f"assistant {name!r} was removed but {count} open session(s) are on it; "
+                                          "keep it until they are closed")
+                for name, count in sorted(on.items())]
 
     async def _fan_out(self, intelligence_changed: list[str]) -> list[str]:
         """Send SwapIntel where it matters; return the sessions whose current assistant's intelligence changed.
@@ -370,11 +401,7 @@ class Supervisor:
         return await self._turn_result(session_id, turn)
 
     async def _resume_failed(self, runtime: SessionRuntime) -> None:
-        if runtime.pending is not None:
-            await self.store.abandon_turn(runtime.id, runtime.pending.id, status="failed",
-                                          error="superseded by a new message after the session failed",
-                                          ended_at=time.time())
-            runtime.pending = None
+        await runtime.abandon(TurnStatus.FAILED, "superseded by a new message after the session failed")
         await self.store.update_session(runtime.id, state="idle")
         runtime.resume()
 
@@ -382,6 +409,7 @@ class Supervisor:
         turn = PendingTurn(id=message.turn if message and message.turn else _new_id("t"), message=message,
                            started_at=time.time())
         runtime.pending, runtime.state = turn, "running"  # reserve synchronously: a concurrent request gets 409
+        # Stored before delivered: deliver() only sends once begin_turn has committed the input.
         with anyio.CancelScope(shield=True):
             try:
                 await self.store.begin_turn(runtime.id, turn.id, message, turn.started_at)
@@ -412,11 +440,7 @@ class Supervisor:
     async def close_session(self, session_id: str) -> SessionSummary:
         runtime = self._open_runtime(session_id)
         await runtime.close()
-        if runtime.pending is not None:
-            await self.store.abandon_turn(session_id, runtime.pending.id, status="cancelled",
-                                          error="the session was closed", ended_at=time.time())
-            runtime.pending.done.set()
-            runtime.pending = None
+        await runtime.abandon(TurnStatus.CANCELLED, "the session was closed")
         runtime.state = "closed"
         await self.store.update_session(session_id, state="closed")
         self.sessions.pop(session_id, None)

@@ -218,6 +218,7 @@ async def _handle_signals(signals: AsyncIterator[int], supervisor: Supervisor, t
 
     async def reload() -> None:
         notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+        log.info("supervisor.signal", signal="SIGHUP", action="reload")
         outcome = await supervisor.reload()
         notify("READY=1", f"STATUS=generation {outcome.generation}")
 
@@ -270,5 +271,5 @@ async def _watch_config(supervisor: Supervisor, path: Path) -> None:
         if stamp() != current:
             continue
         last = current
-        log.info(events.LOG_CONFIG_RELOAD, trigger="watch", path=str(path))
+        log.info(events.LOG_CONFIG_WATCH, path=str(path))
         await supervisor.reload()

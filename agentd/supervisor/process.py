@@ -48,11 +48,15 @@ class ChildProcess:
         try:
             process = await anyio.open_process(
                 [python, "-m", "agentd.child", "--fd", str(theirs.fileno()), "--parent-pid", str(os.getpid())],
-                stdin=None,
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                stderr=-1,
+                stderr=subprocess.PIPE,
                 pass_fds=[theirs.fileno()],
                 env=dict(env) if env is not None else None,
+                # Its own session: a Ctrl-C at the terminal (or a signal to our process group) reaches
+                # only the supervisor, which then drains and stops children itself. Children still
+                # die with the supervisor: parent-death signal and channel EOF.
+                start_new_session=True,
             )
         except BaseException:
             ours.close()

@@ -40,6 +40,7 @@ from agentd.protocol import (
     TurnDiscarded,
     TurnDone,
 )
+from agentd.store import StoreError
 from agentd.supervisor.process import ChildProcess, SpawnError
 from agentd.views import Entry, SessionState, entry_from_message
 
@@ -65,9 +66,12 @@ class PendingTurn:
     id: str
     message: UserMessage | None
     started_at: float
+    stored: bool = False  # its input is in the store: only then may it be delivered
     done: anyio.Event = field(default_factory=anyio.Event)
     result: TurnDone | None = None
     entries: list[Entry] = field(default_factory=list)  # what the turn added, as the API shows it
+    sent_to: ChildProcess | None = None  # the child it was delivered to (delivered once per child)
+    cancel_requested: bool = False
 
 
 class SessionRuntime:
@@ -122,18 +126,40 @@ class SessionRuntime:
     # ------------------------------------------------------------------ turns
 
     async def deliver(self, turn: PendingTurn) -> None:
-        """Hand an accepted turn to the child (or leave it for the next child start to re-send)."""
-        self.pending = turn
-        self.state = "running"
-        if self.child is not None and self.child_state == "ready":
-            await self._send(Input(session=self.id, turn=turn.id, message=turn.message))
+        """A turn's input is now stored: send it (or leave it for the child being started to pick up)."""
+        turn.stored = True
+        if self.pending is turn:
+            await self._send_input(turn)
+
+    async def _send_input(self, turn: PendingTurn) -> None:
+        """Send ``turn`` to the current child unless it is not ready, not stored, or already has it.
+
+        The one place an Input is sent: a turn accepted while a child starts is sent exactly once,
+        whichever of deliver() and the child's start-up gets here first.
+        """
+        child = self.child
+        if child is None or self.child_state != "ready" or not turn.stored or turn.sent_to is child:
+            return
+        turn.sent_to = child
+        await self._send(Input(session=self.id, turn=turn.id, message=turn.message))
+        if turn.cancel_requested:
+            await self._send(Cancel(session=self.id, turn=turn.id))
 
     async def cancel_turn(self) -> str:
-        """Ask the child to cancel the in-flight turn; the turn then ends ``cancelled``. Returns its id."""
+        """Ask the child to cancel the in-flight turn; the turn then ends ``cancelled``. Returns its id.
+
+        A turn not yet delivered (its child is starting) is cancelled right after delivery.
+        """
         assert self.pending is not None
-        turn_id = self.pending.id
-        await self._send(Cancel(session=self.id, turn=turn_id))
-        return turn_id
+        turn = self.pending
+        turn.cancel_requested = True
+        if turn.sent_to is not None and turn.sent_to is self.child:
+            await self._send(Cancel(session=self.id, turn=turn.id))
+        return turn.id
+
+    async def abandon(self, status: TurnStatus, error: str) -> None:
+        """End the pending turn without results (the session is closing); its waiter gets the status."""
+        await self._end_pending_without_result(status, error)
 
     def resume(self) -> None:
         """A failed session got a new message: start a child again."""
@@ -164,27 +190,20 @@ class SessionRuntime:
                 break
             backoff = BACKOFF_START if time.monotonic() - started > CRASH_WINDOW else backoff
             if self._record_crash():
-                await self._end_pending_without_result(TurnStatus.FAILED, "the session failed: its child kept crashing")
+                await self.fail(f"its child crashed {len(self._crashes)} times within {CRASH_WINDOW:g}s")
                 continue
             await anyio.sleep(backoff * random.uniform(0.5, 1.0))
             backoff = min(backoff * 2, BACKOFF_MAX)
         self._close_subscribers()
 
     def _record_crash(self) -> bool:
-        """Count a crash; True when the session is now failed (more than 5 crashes in 60 s)."""
+        """Count a crash; True when the session must be marked failed (more than 5 crashes in 60 s)."""
         now = time.monotonic()
         self._crashes.append(now)
         while self._crashes and now - self._crashes[0] > CRASH_WINDOW:
             self._crashes.popleft()
         self.child_restarts += 1
-        if len(self._crashes) <= MAX_CRASHES:
-            return False
-        self.state = "failed"
-        error = f"child crashed {len(self._crashes)} times within {CRASH_WINDOW:g}s"
-        log.error("session.failed", session=self.id, error=error)
-        self.host.spawn_task(self.host.store.update_session(self.id, state="failed"))
-        self.publish(events.SESSION_FAILED, self.pending.id if self.pending else None, {"error": error})
-        return True
+        return len(self._crashes) > MAX_CRASHES
 
     async def _one_child(self) -> bool:
         """Run one child to its end. True when it ended because we stopped it (not a crash)."""
@@ -224,16 +243,13 @@ class SessionRuntime:
         self.child_generation = self.acked_generation = generation
         log.info(events.LOG_CHILD_READY, session=self.id, pid=child.pid, generation=generation)
         await child.send(Open(session=self.id, assistant=self.assistant, transcript=self.transcript))
-        # Mark ready and take the pending turn in one step (no await between): a turn accepted from
-        # now on is sent by deliver(), one accepted before is re-sent here — never both, never neither.
         self.child_state = "ready"
-        resend = self.pending
         # A reload that landed while this child was starting: give it the newest generation now.
         latest = self.host.swap_frame()
         if latest.generation > generation:
             await child.send(latest)
-        if resend is not None:
-            await child.send(Input(session=self.id, turn=resend.id, message=resend.message))
+        if self.pending is not None:  # an accepted turn (new, or interrupted by a crash) runs here
+            await self._send_input(self.pending)
         tg.start_soon(self._ping_loop, child)
         await self._read_frames(child)
 
@@ -252,7 +268,7 @@ class SessionRuntime:
                 await self._pong.wait()
                 continue
             log.error("child.unresponsive", session=self.id, pid=child.pid, timeout=settings.ping_timeout)
-            await child.kill()
+            await child.stop(grace=0)  # the kill ladder; a hung child gets SIGTERM, then SIGKILL
             return
 
     async def _read_frames(self, child: ChildProcess) -> None:
@@ -267,7 +283,12 @@ class SessionRuntime:
                 return
             if frame is None:
                 return
-            await self._on_frame(frame)
+            try:
+                await self._on_frame(frame)
+            except ProtocolError as exc:
+                log.error(events.LOG_PROTOCOL_ERROR, session=self.id, pid=child.pid, error=str(exc))
+                await child.kill()
+                return
 
     async def _send(self, frame: Frame) -> None:
         child = self.child
@@ -335,8 +356,12 @@ class SessionRuntime:
             log.warning("turn.unexpected", session=self.id, turn=done.turn)
             return
         with anyio.CancelScope(shield=True):  # a turn's results are committed whatever else happens
-            model = self.host.intelligence_of(done.assistant).model if done.assistant != self.assistant else None
-            seqs = await self.host.store.commit_turn(self.id, done, transcript=done.transcript, model=model)
+            model = self.host.model_of(done.assistant, self.model) if done.assistant != self.assistant else None
+            try:
+                seqs = await self.host.store.commit_turn(self.id, done, transcript=done.transcript, model=model)
+            except StoreError as exc:
+                log.error("turn.commit_failed", session=self.id, turn=done.turn, error=str(exc))
+                return
             if done.transcript is not None:  # a transfer rewrote the history
                 self.transcript = list(done.transcript)
                 pending.entries = [entry_from_message(seq, m) for seq, m in zip(seqs, done.transcript, strict=True)
@@ -348,13 +373,27 @@ class SessionRuntime:
                 self.assistant, self.model = done.assistant, model
         self._finish(pending, done)
 
+    async def fail(self, error: str) -> None:
+        """Mark the session failed (kept, visible, resumable by a new message); its waiting turn ends failed."""
+        self.state = "failed"
+        log.error("session.failed", session=self.id, error=error)
+        self.publish(events.SESSION_FAILED, self.pending.id if self.pending else None, {"error": error})
+        await self._end_pending_without_result(TurnStatus.FAILED, error)
+        try:
+            await self.host.store.update_session(self.id, state="failed")
+        except StoreError as exc:
+            log.error("session.store_failed", session=self.id, error=str(exc))
+
     async def _end_pending_without_result(self, status: TurnStatus, error: str) -> None:
         pending = self.pending
         if pending is None:
             return
         now = time.time()
         with anyio.CancelScope(shield=True):
-            await self.host.store.abandon_turn(self.id, pending.id, status=status.value, error=error, ended_at=now)
+            try:
+                await self.host.store.abandon_turn(self.id, pending.id, status=status.value, error=error, ended_at=now)
+            except StoreError as exc:  # e.g. its results were committed meanwhile: nothing to abandon
+                log.warning("turn.abandon_failed", session=self.id, turn=pending.id, error=str(exc))
         if pending.message is not None:
             self.transcript = self.transcript + [pending.message]
         done = TurnDone(session=self.id, turn=pending.id, status=status, assistant=self.assistant,
