@@ -237,3 +237,14 @@ def test_reloads_that_would_strand_sessions_or_cannot_be_read_are_rejected(tmp_p
         daemon.wait_log("config.reload", lambda r: r.get("applied") is False, count=3)
         assert daemon.process is not None and daemon.process.poll() is None
         assert daemon.send(session, "still here")["turn"]["status"] == "completed"
+
+
+def test_a_limits_only_reload_reaches_running_children(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, config(options="steps = 3")) as daemon:
+        session = daemon.new_session()
+        assert daemon.send(session, "first")["turn"]["status"] == "completed"
+        daemon.config_path.write_text(config(options="steps = 3") + "\n[limits]\nmax_steps = 1\n")
+        result = daemon.json("POST", "/v1/reload", status=200)
+        assert result["changed"] == ["limits.max_steps"] and result["swapped_sessions"] == []
+        daemon.wait_log("intel.swap.fanout_acked", lambda r: r["generation"] == 2)
+        assert daemon.send(session, "second")["turn"]["status"] == "exhausted_steps"

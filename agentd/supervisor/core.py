@@ -236,10 +236,11 @@ class Supervisor:
             log.info(events.LOG_CONFIG_RELOAD, applied=True, generation=self.generation, changed=[],
                      restart_required=plan.restart_required)
             return result
+        old_limits = self.config.limits
         self.config, self.policy = plan.config, policy
         self.generation += 1
         self.metrics.generation.set(self.generation)
-        swapped = await self._fan_out(plan.intelligence_changed)
+        swapped = await self._fan_out(plan.intelligence_changed, limits_changed=plan.config.limits != old_limits)
         changed = plan.changed + (["model_swap (effective)"] if policy_changed and "model_swap" not in plan.changed else [])
         result = ReloadResult(generation=self.generation, applied=True, changed=changed,
                               restart_required=plan.restart_required, swapped_sessions=swapped)
@@ -260,15 +261,16 @@ class Supervisor:
                                           "keep it until they are closed")
                 for name, count in sorted(on.items())]
 
-    async def _fan_out(self, intelligence_changed: list[str]) -> list[str]:
+    async def _fan_out(self, intelligence_changed: list[str], *, limits_changed: bool = False) -> list[str]:
         """Send SwapIntel where it matters; return the sessions whose current assistant's intelligence changed.
 
         Every child hosting a session gets the frame when any assistant's intelligence changed — it
         carries every assistant's intelligence so a later transfer uses the new model — but only
         sessions whose *current* assistant changed are swapped (the child compares, per session).
+        A change of limits alone is sent too: children adopt it at their next boundary.
         """
-        if not intelligence_changed:
-            return []
+        if not intelligence_changed and not limits_changed:
+            return []  # prompt/tool/transfer changes apply to new sessions; nothing to tell children
         frame = self.swap_frame()
         runtimes = [r for r in self.sessions.values() if not r.closing]
         # Older generations still waiting for acks are superseded (their children may be gone).

@@ -89,9 +89,8 @@ class SessionRuntime:
         self.pending: PendingTurn | None = None
         self.child: ChildProcess | None = None
         self.child_state = "stopped"
-        self.child_generation = 0
+        self.child_generation = 0  # the newest generation the child has acknowledged
         self.child_restarts = 0
-        self.acked_generation = 0
         self.intel_waiting = False  # a turn is waiting because every endpoint is down
         self.closing = False
         self._crashes: collections.deque[float] = collections.deque()
@@ -240,7 +239,13 @@ class SessionRuntime:
         except (SpawnError, OSError, anyio.BrokenResourceError) as exc:
             log.error("child.spawn_failed", session=self.id, pid=child.pid, error=str(exc))
             return
-        self.child_generation = self.acked_generation = generation
+        self.child_generation = generation
+        # A new child runs the generation it was spawned with (the config may have changed while
+        # the session had no child, e.g. across a daemon restart): report what it runs.
+        model = self.host.model_of(self.assistant, self.model)
+        if (self.generation, self.model) != (generation, model):
+            self.generation, self.model = generation, model
+            await self.host.store.update_session(self.id, generation=generation, model=model)
         log.info(events.LOG_CHILD_READY, session=self.id, pid=child.pid, generation=generation)
         await child.send(Open(session=self.id, assistant=self.assistant, transcript=self.transcript))
         self.child_state = "ready"
@@ -335,8 +340,7 @@ class SessionRuntime:
             case TurnDiscarded():
                 log.info(events.LOG_TURN_DISCARDED, session=self.id, turn=frame.turn, model=frame.model, steps=frame.steps)
             case SwapAck(generation=generation):
-                self.acked_generation = max(self.acked_generation, generation)
-                self.child_generation = self.acked_generation
+                self.child_generation = max(self.child_generation, generation)
                 self.host.swap_acked(self, generation)
             case SwapApplied():
                 self.generation, self.model = frame.generation, frame.model_to
