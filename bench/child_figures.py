@@ -26,7 +26,6 @@ script checks /proc that none is left.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import tempfile
@@ -35,8 +34,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import anyio  # noqa: E402
+
+from tables import percentile, print_table  # noqa: E402
 
 from agentd import events  # noqa: E402
 from agentd.budget import TurnStatus, Usage  # noqa: E402
@@ -64,27 +66,6 @@ FRAME_TIMEOUT = 30.0
 
 
 # --------------------------------------------------------------------------- statistics and tables
-
-
-def percentile(samples: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile (``p`` in 0..100) of a non-empty sample."""
-    ordered = sorted(samples)
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """A plain fixed-width table: first column left-aligned, the others right-aligned."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    print(f"\n{title}")
-    print(line(header))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print(line(row))
 
 
 def summary_row(label: str, samples: Sequence[float], unit: str, fmt: str = "{:.2f}") -> list[str]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
 import sys
@@ -46,7 +45,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from tables import percentile, print_table  # noqa: E402
 from tests.daemon_harness import Daemon, child_pids_of, pid_alive, wait_until  # noqa: E402
 
 ACK_TIMEOUT = 60.0
@@ -55,27 +56,6 @@ POLL_SECONDS = 0.002
 
 
 # --------------------------------------------------------------------------- statistics and tables
-
-
-def percentile(samples: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile (``p`` in 0..100) of a non-empty sample."""
-    ordered = sorted(samples)
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """A plain fixed-width table: text columns left-aligned, numbers right-aligned."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(str(c).ljust(w) if i == 1 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    print(f"\n{title}")
-    print(line(header))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print(line(row))
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -339,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"children {run.children_cores:.2f} cores, supervisor {run.supervisor_cores:.2f} cores")
     print_table(f"Swap fan-out, ms ({args.reloads} reloads per size after one warm-up; every session has a turn in flight; "
                 f"hold: {args.hold})",
-                ["sessions", "figure", "n", "p50", "p99", "max"], rows)
+                ["sessions", "figure", "n", "p50", "p99", "max"], rows, left=(1,))
     print()
     for note in notes:
         print(note)
