@@ -326,3 +326,31 @@ def test_a_second_sigterm_while_draining_forces_exit(tmp_path: Path) -> None:
         wait_until(lambda: not any(pid_alive(p) for p in pids), "no child left after a forced exit", timeout=2)
     finally:
         daemon.stop()
+
+
+def test_a_child_not_ready_within_spawn_timeout_is_killed_and_retried(tmp_path: Path) -> None:
+    gate = tmp_path / "import.gate"
+    text = """
+[intelligence]
+provider = "scripted"
+model = "echo-small"
+
+[supervisor]
+spawn_timeout = "500ms"
+
+[[assistants]]
+name = "main"
+first_message_mode = "assistant-waits-for-user"
+tools = ["tests.slow_import_tool:ping"]
+"""
+    with running_daemon(tmp_path, text, env={"AGENTD_TEST_IMPORT_GATE": str(gate)}) as daemon:
+        session = daemon.new_session()
+        turn_id = daemon.send(session, "hello", wait=False)["turn_id"]
+        failures = daemon.wait_log("child.spawn_failed", count=2)
+        assert all("not Ready within 0.5s" in f["error"] for f in failures)
+        assert daemon.turn(session, turn_id, finished=False)["status"] == "pending"
+        gate.touch()
+        assert daemon.turn(session, turn_id)["status"] == "completed"
+        assert daemon.status()["children"][0]["restarts"] >= 2
+        assert daemon.process is not None
+        wait_until(lambda: not zombie_children_of(daemon.process.pid), "every timed-out child to be reaped")

@@ -228,7 +228,9 @@ class SessionRuntime:
             self._cancel_scope = None
             self.child_state = "stopped"
             self.child = None
-            code = await child.stop(grace=0 if self.closing or self.host.stopping else settings.stop_grace)
+            # No grace here: a child still alive at this point is closing with its session, cut off
+            # after the daemon's drain, or one that never became Ready (or broke the protocol).
+            code = await child.stop(grace=0)
             log.info(events.LOG_CHILD_EXIT, session=self.id, pid=child.pid, code=code)
         return self.closing or self.host.stopping
 
