@@ -335,3 +335,33 @@ async def test_fake_server_gate_holds_a_step_in_flight() -> None:
                 assert results == [] and server.models_served() == ["gpt-test"]
                 gate.set()
     assert results == ["released"]
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    body = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + msgspec.json.encode(body) + b"\n\n"
+
+
+async def test_parallel_calls_all_at_index_0_stay_separate_calls() -> None:
+    """Ollama's compat layer streams each whole parallel call with index 0 and its own id."""
+    def call(n: int, path: str) -> dict[str, Any]:
+        return {"id": f"call_{n}", "index": 0, "type": "function",
+                "function": {"name": "lookup", "arguments": msgspec.json.encode({"word": path}).decode()}}
+
+    body = (_chunk({"role": "assistant", "content": "", "tool_calls": [call(1, "alpha")]})
+            + _chunk({"role": "assistant", "content": "", "tool_calls": [call(2, "beta")]})
+            + _chunk({"role": "assistant", "content": ""}, "tool_calls") + b"data: [DONE]\n\n")
+    with FakeOpenAI() as server:
+        server.script(raw(200, body, "text/event-stream"))
+        async with opened(make(server.url)) as provider:
+            completion = await provider.complete(ask(tools=(LOOKUP,)))
+    assert [(c.id, c.arguments, c.arguments_error) for c in completion.message.tool_calls] == [
+        ("call_1", {"word": "alpha"}, None), ("call_2", {"word": "beta"}, None)]
+
+
+async def test_a_stream_of_keepalive_comments_that_ends_fails_over() -> None:
+    with FakeOpenAI() as primary, FakeOpenAI(default=Reply(content="from backup")) as backup:
+        primary.script(raw(200, b": PROCESSING\n\n: PROCESSING\n\n", "text/event-stream"))
+        async with opened(make(primary.url, backup.url)) as provider:
+            assert (await provider.complete(ask())).message.content == "from backup"

@@ -17,7 +17,7 @@ from agentd.budget import TurnStatus
 from agentd.child.session import ChildSession
 from agentd.child.turn import run_turn
 from agentd.config import SwapPolicy, intelligence_map, parse_config, resolve_swap_policy
-from agentd.messages import SystemMessage, UserMessage
+from agentd.messages import AssistantMessage, SystemMessage, ToolResult, UserMessage
 from agentd.obs import configure_logging
 from agentd.protocol import Event, Frame, SwapIntel, TurnDiscarded
 from agentd.store import Store
@@ -169,3 +169,110 @@ async def test_closing_a_session_answers_its_waiting_client(supervisor: Supervis
     assert answers == ["cancelled"]
     stored = await supervisor.store.load_session(view.id)
     assert stored is not None and stored.state == "closed"
+
+
+HANDOFF = """
+[intelligence]
+provider = "scripted"
+model = "m"
+
+[[assistants]]
+name = "a"
+system = "I am A."
+
+[[assistants.transfers]]
+to = "b"
+mode = "swap-system-message-in-history"
+
+[[assistants]]
+name = "b"
+system = "I am B."
+first_message = "B here."
+"""
+
+
+async def test_a_cancel_in_the_middle_of_a_handoff_commits_a_whole_one() -> None:
+    config = parse_config(HANDOFF)
+    session: ChildSession | None = None
+
+    async def send(sent: Frame) -> None:
+        if isinstance(sent, Event) and sent.name == "transfer":
+            assert session is not None and session.turn_scope is not None
+            session.turn_scope.cancel()  # the Cancel lands while the handoff is being announced
+        await anyio.sleep(0)
+
+    session = ChildSession("s", "a", [SystemMessage(content="I am A.", name="a")], config, intelligence_map(config),
+                           config.limits, 1, SwapPolicy.FINISH_ON_OLD, send)
+    done = await run_turn(session, "t1", UserMessage(content="please transfer me to b", turn="t1"), resolve_tools([]))
+    assert done.status is TurnStatus.CANCELLED
+    assert done.assistant == "b" and done.transcript is not None
+    assert [m.content for m in done.transcript if isinstance(m, SystemMessage)] == ["I am B."]
+
+
+async def test_a_reused_call_id_still_gets_its_result_when_the_turn_ends_early() -> None:
+    from tests.fakes import FakeCall, FakeOpenAI, Reply
+
+    with FakeOpenAI(default=Reply(content="done")) as server:
+        # This server says "call_0" for every call, step after step.
+        server.script(Reply(tool_calls=(FakeCall("clock", {"offset_hours": 1}, id="call_0"),), output_tokens=5),
+                      Reply(tool_calls=(FakeCall("clock", {"offset_hours": 2}, id="call_0"),), output_tokens=500))
+        config = parse_config(f"""
+[intelligence]
+provider = "openai"
+endpoints = ["{server.url}/v1"]
+model = "m"
+
+[limits]
+max_tokens = 100
+
+[[assistants]]
+name = "a"
+system = "s"
+tools = ["clock"]
+""")
+
+        async def send(_: Frame) -> None:
+            await anyio.sleep(0)
+
+        session = ChildSession("s", "a", [SystemMessage(content="s", name="a")], config, intelligence_map(config),
+                               config.limits, 1, SwapPolicy.FINISH_ON_OLD, send)
+        try:
+            done = await run_turn(session, "t1", UserMessage(content="time twice", turn="t1"), resolve_tools(["clock"]))
+        finally:
+            await session.provider.aclose()
+    assert done.status is TurnStatus.EXHAUSTED_TOKENS
+    last = max(i for i, m in enumerate(done.messages) if isinstance(m, AssistantMessage))
+    results = [m for m in done.messages[last + 1 :] if isinstance(m, ToolResult)]
+    assert [r.call_id for r in results] == ["call_0"] and results[0].is_error
+
+
+async def test_a_transfer_is_not_announced_when_another_call_of_its_step_ends_the_turn() -> None:
+    from agentd.budget import Usage
+    from agentd.intel.base import Completion, CompletionRequest
+    from agentd.messages import ToolCall
+
+    class LoopingThenTransferring:
+        """One answer: a transfer call first, then the same clock call four times (a loop)."""
+
+        intelligence = intelligence_map(parse_config(HANDOFF))["a"]
+
+        async def complete(self, request: CompletionRequest) -> Completion:
+            calls = (ToolCall(id="t", name="transfer_to_b"),) + tuple(
+                ToolCall(id=f"c{i}", name="clock", arguments={}) for i in range(4))
+            return Completion(message=AssistantMessage(tool_calls=calls), usage=Usage(1, 1), model="m")
+
+        async def aclose(self) -> None:
+            return None
+
+    config = parse_config(HANDOFF.replace('name = "a"\nsystem = "I am A."', 'name = "a"\nsystem = "I am A."\ntools = ["clock"]'))
+
+    async def send(_: Frame) -> None:
+        await anyio.sleep(0)
+
+    session = ChildSession("s", "a", [], config, intelligence_map(config), config.limits, 1, SwapPolicy.FINISH_ON_OLD, send)
+    session.provider = LoopingThenTransferring()
+    done = await run_turn(session, "t1", UserMessage(content="go", turn="t1"), resolve_tools(["clock"]))
+    assert done.status is TurnStatus.LOOP_DETECTED
+    assert done.assistant == "a"
+    transfer_result = next(m for m in done.messages if isinstance(m, ToolResult) and m.call_id == "t")
+    assert transfer_result.is_error and transfer_result.content.startswith("not run")

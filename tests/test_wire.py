@@ -276,7 +276,9 @@ def test_think_tags_at_the_start_of_content_become_thinking(thinking: str, answe
 
 def test_think_tag_edge_cases() -> None:
     assert split_think("plain answer") == (None, "plain answer")
-    assert split_think("reasoning here</think>\n\nanswer") == ("reasoning here", "answer")  # template opened it
+    # Only a block that opens the content is reasoning (spec/wire.md): a bare close tag is text.
+    assert split_think("reasoning here</think>\n\nanswer") == (None, "reasoning here</think>\n\nanswer")
+    assert split_think("In XML you close it with </think> and go on.") == (None, "In XML you close it with </think> and go on.")
     assert split_think("<think>cut off by the length limit") == ("cut off by the length limit", "")
     assert split_think("<think></think>answer") == (None, "answer")
     assert split_think("an answer mentioning <think> later") == (None, "an answer mentioning <think> later")
@@ -416,3 +418,11 @@ def test_usage_chunk_before_finish_and_unknown_finish_reason() -> None:
     stream.feed({"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "something_new"}]})
     result = stream.result()
     assert (result.usage, result.finish_reason, result.message.content) == (Usage(3, 4), "something_new", "hi")
+
+
+def test_an_error_line_after_done_does_not_spoil_a_finished_ollama_answer() -> None:
+    stream = OllamaStream()
+    stream.feed_line(b'{"model":"m","message":{"role":"assistant","content":"all good"},"done":false}')
+    stream.feed_line(b'{"model":"m","message":{"role":"assistant","content":""},"done":true,"eval_count":2}')
+    stream.feed_line(b'{"error":"late noise"}')
+    assert stream.result().message.content == "all good"

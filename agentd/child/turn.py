@@ -132,9 +132,12 @@ class _Attempt:
             if not message.tool_calls:
                 return TurnStatus.COMPLETED
             transfer = select_transfer(self.session.assistant_config, message)
-            for call in message.tool_calls:
+            # Work calls first, transfer calls last: a transfer is only answered "transferred"
+            # once nothing else in the step can still end the turn first (a loop, a restart).
+            calls = sorted(message.tool_calls, key=lambda c: transfer is not None and _is_transfer_call(transfer, c))
+            for call in calls:
                 await self.checkpoint()
-                if transfer is not None and destination_of(call.name) and _is_transfer_call(transfer, call):
+                if transfer is not None and _is_transfer_call(transfer, call):
                     await self._answer_transfer_call(call, transfer)
                     continue
                 if (status := self.budget.before_tool(call.name, call.arguments)) is not None:
@@ -209,15 +212,15 @@ class _Attempt:
             transfer_call_id=choice.call.id, message=spoken,
         )
         previous = session.current_intelligence
+        # Assistant and transcript change together, with no await between: a cancel or deadline
+        # from here on commits a whole handoff, never B over A's history.
         session.switch_assistant(target)
+        self._set_transcript(history)
         if session.current_intelligence != previous:
             await session.replace_provider()
         log.info(events.LOG_TRANSFER, session=session.id, turn=self.turn, **{"from": source}, to=target,
                  mode=choice.transfer.mode.value)
         await session.emit(events.TRANSFER, self.turn, **{"from": source}, to=target, mode=choice.transfer.mode.value)
-        # The handoff is recorded before the opener's model call: a deadline or cancel during that
-        # call still leaves a consistent transcript for the new assistant.
-        self._set_transcript(history)
         opener = await self._opener(destination, history)
         if opener is not None:
             self._set_transcript([*history, opener])
@@ -277,10 +280,13 @@ class _Attempt:
 
     def close_unpaired(self, status: TurnStatus) -> None:
         """Answer calls the turn will not run, so the history stays valid for every provider."""
-        last = next((m for m in reversed(self.messages) if isinstance(m, AssistantMessage)), None)
-        if last is None:
+        where = next((i for i in range(len(self.messages) - 1, -1, -1) if isinstance(self.messages[i], AssistantMessage)), None)
+        if where is None:
             return
-        answered = {m.call_id for m in self.messages if isinstance(m, ToolResult)}
+        last = self.messages[where]
+        assert isinstance(last, AssistantMessage)
+        # Only results after that message count: some servers reuse call ids from step to step.
+        answered = {m.call_id for m in self.messages[where + 1 :] if isinstance(m, ToolResult)}
         for call in last.tool_calls:
             if call.id not in answered:
                 self.messages.append(ToolResult(

@@ -54,8 +54,8 @@ class SSEReader:
     def finish(self) -> ChatResult:
         for event in self._events.finish():
             self._take(event.event, event.data)
-        if self._received and not self._any_event and not self._events.truncated:
-            raise WireError("the response is not an SSE stream")  # bytes came, but no event in them
+        if self._received and not self._any_event and not self._events.truncated and not self._events.saw_line:
+            raise WireError("the response is not an SSE stream")  # bytes came, but nothing SSE-shaped
         return self._stream.result()
 
     def _take(self, name: str, data: str) -> None:

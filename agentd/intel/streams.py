@@ -62,6 +62,7 @@ class SSEParser:
         self._event = ""
         self._id: str | None = None
         self.truncated = False
+        self.saw_line = False
 
     def feed(self, data: bytes) -> list[SSEEvent]:
         """Add ``data``; return the events it completed."""
@@ -110,6 +111,7 @@ class SSEParser:
                 return self._dispatch()
             self._event = ""  # a blank line with no data dispatches nothing
             return None
+        self.saw_line = True  # any SSE-shaped line (comment or field): this is an SSE stream
         if line.startswith(":"):
             return None  # a comment: keep-alive
         field, sep, value = line.partition(":")

@@ -237,12 +237,14 @@ _THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
 def split_think(content: str) -> tuple[str | None, str]:
     """``<think>T</think>C`` at the start of ``content`` → (``T``, ``C``), whitespace-trimmed.
 
-    Covers the two ways models leak reasoning into content: a full ``<think>…</think>`` block, and
-    a bare ``…</think>`` when the chat template already opened the block in the prompt. An opened
-    block that never closes (the answer was cut off) is all thinking.
+    Only a block that *opens* the content is reasoning: a ``</think>`` elsewhere is ordinary text
+    (an answer may well talk about the tag) and is never cut. An opened block that never closes
+    (the answer was cut off) is all thinking.
     """
     opened = _THINK_OPEN.match(content)
-    body = content[opened.end() :] if opened else content
+    if opened is None:
+        return None, content
+    body = content[opened.end() :]
     closed = _THINK_CLOSE.search(body)
     if closed is None:
         if opened:

@@ -230,10 +230,10 @@ class OllamaStream:
         self._take(convert(raw, OllamaChunk, "an Ollama stream line"))
 
     def _take(self, chunk: OllamaChunk) -> None:
+        if self._final is not None:
+            return  # nothing follows done:true; ignore trailing noise (even an error) rather than fail a good answer
         if chunk.error is not None:
             raise RemoteError(ollama_error_message(chunk.error))
-        if self._final is not None:
-            return  # nothing follows done:true; ignore trailing noise rather than fail a good answer
         self._model = chunk.model or self._model
         if chunk.message is not None:
             if chunk.message.content:

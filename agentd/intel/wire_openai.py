@@ -336,6 +336,10 @@ class OpenAIStream:
                 index = len(self._calls)
             else:
                 index = self._last_index if self._last_index is not None else 0
+        elif fragment.id and index in self._calls and self._calls[index].id not in (None, fragment.id):
+            # Ollama's compat layer sends every (whole) parallel call with index 0 and its own id:
+            # a new id at a taken index is a new call, never more arguments for the old one.
+            index = max(self._calls) + 1
         call = self._calls.setdefault(index, _PartialCall())
         self._last_index = index
         if fragment.id and not call.id:
