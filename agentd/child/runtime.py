@@ -7,7 +7,6 @@ by the channel. A closed channel means the supervisor is gone: the child exits.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import anyio

@@ -33,7 +33,6 @@ from agentd.protocol import (
     Ping,
     Pong,
     ProtocolError,
-    Spawn,
     SwapAck,
     SwapApplied,
     SwapIntel,
