@@ -25,6 +25,31 @@ REPO = Path(__file__).resolve().parent.parent
 TIMEOUT = 60.0
 
 
+def two_assistant_config(hold: Path, *, top: str = "", supervisor: str = "") -> str:
+    """The scripted squad the lifecycle and API tests share: ``main`` (free-running, clock tool, an
+    opener) and ``held`` (every model call waits until ``hold`` exists)."""
+    return f"""{top}
+[intelligence]
+provider = "scripted"
+model = "echo-small"
+
+[supervisor]
+{supervisor}
+
+[[assistants]]
+name = "main"
+system = "You help."
+first_message = "Hello from main."
+tools = ["clock"]
+
+[[assistants]]
+name = "held"
+first_message_mode = "assistant-waits-for-user"
+tools = ["clock"]
+intelligence = {{ options = {{ hold_file = "{hold}" }} }}
+"""
+
+
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT, interval: float = 0.02) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -19,7 +19,16 @@ import httpx
 import pytest
 
 import agentd
-from tests.daemon_harness import TIMEOUT, Daemon, agentd_env, child_pids_of, free_port, running_daemon, wait_until
+from tests.daemon_harness import (
+    TIMEOUT,
+    Daemon,
+    agentd_env,
+    child_pids_of,
+    free_port,
+    running_daemon,
+    two_assistant_config,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -30,28 +39,7 @@ SESSION_KEYS = {"id", "assistant", "state", "generation", "model", "transcript",
 
 
 def config(hold: Path) -> str:
-    return f"""
-model_swap = "restart-turn"
-
-[intelligence]
-provider = "scripted"
-model = "{MODEL}"
-
-[supervisor]
-stop_grace = "2s"
-
-[[assistants]]
-name = "main"
-system = "You help."
-first_message = "Hello from main."
-tools = ["clock"]
-
-[[assistants]]
-name = "held"
-first_message_mode = "assistant-waits-for-user"
-tools = ["clock"]
-intelligence = {{ options = {{ hold_file = "{hold}" }} }}
-"""
+    return two_assistant_config(hold, top='model_swap = "restart-turn"', supervisor='stop_grace = "2s"')
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from tests.daemon_harness import (
     pid_alive,
     reaped,
     running_daemon,
+    two_assistant_config,
     wait_until,
     zombie_children_of,
 )
@@ -33,28 +34,7 @@ MODEL = "echo-small"
 
 
 def config(hold: Path, *, supervisor: str = "") -> str:
-    """Two assistants: ``main`` (free-running, clock tool, an opener) and ``held`` (every model
-    call waits until ``hold`` exists)."""
-    return f"""
-[intelligence]
-provider = "scripted"
-model = "{MODEL}"
-
-[supervisor]
-{supervisor}
-
-[[assistants]]
-name = "main"
-system = "You help."
-first_message = "Hello from main."
-tools = ["clock"]
-
-[[assistants]]
-name = "held"
-first_message_mode = "assistant-waits-for-user"
-tools = ["clock"]
-intelligence = {{ options = {{ hold_file = "{hold}" }} }}
-"""
+    return two_assistant_config(hold, supervisor=supervisor)
 
 
 def start_held_turn(daemon: Daemon, session: str, text: str = "work"):  # type: ignore[no-untyped-def]
