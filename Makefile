@@ -1,24 +1,45 @@
-# Two entry points a fresh machine needs: `make run` and `make test`.
+# Two entry points a fresh machine needs: `make run` and `make test`. `make check` is the quick
+# edit–test loop (lint, types, unit tests; no end-to-end tests).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test install install-test bench clean
+.PHONY: run test check lint types unit install install-test bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-install: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+# Stamps: reinstall only when pyproject.toml changed (an editable install picks up code edits).
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e . >$(VENV)/install.log 2>&1 \
+		|| { cat $(VENV)/install.log; exit 1; }
+	touch $@
 
-install-test: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]' >$(VENV)/install.log 2>&1 \
+		|| { cat $(VENV)/install.log; exit 1; }
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
 
 run: install
 	$(BIN)/agentd run
 
-test: install-test
+lint: install-test
+	$(BIN)/ruff check agentd tests bench
+	$(BIN)/ruff format --check agentd tests bench
+
+types: install-test
+	$(BIN)/mypy
+
+unit: install-test
+	$(BIN)/python -m pytest -m "not e2e" -q $(PYTEST_ARGS)
+
+check: lint types unit
+
+test: lint types
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install-test

@@ -1,4 +1,4 @@
-"""The HTTP+JSON control API (spec/api.md) as a Starlette app over the Supervisor.
+"""The HTTP+JSON control API (RFC 0000 §6) as a Starlette app over the Supervisor.
 
 Bodies are msgspec Structs from agentd.views; every error is ``{"error": {"code", "message"}}``.
 The unix socket listener needs no token (the socket is mode 0600); the optional TCP listener is

@@ -1,4 +1,4 @@
-"""Per-turn budgets (DESIGN §8): steps, tokens, deadline, loop detection, and the turn statuses.
+"""Per-turn budgets (RFC 0007 §4, §6): steps, tokens, deadline, loop detection, and the turn statuses.
 
 Pure bookkeeping: the child loop asks the budget before each step and tool call and tells it what
 was spent. Time is passed in, never read here, so every rule is testable without a clock.
@@ -83,7 +83,3 @@ class TurnBudget:
         if self._calls[key] >= LOOP_THRESHOLD:
             return TurnStatus.LOOP_DETECTED
         return None
-
-    def remaining(self, now: float) -> float:
-        """Seconds left before the deadline (never negative)."""
-        return max(0.0, self.deadline_at - now)

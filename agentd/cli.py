@@ -1,4 +1,4 @@
-"""The ``agentd`` command: ``run | reload | status | chat | send | check-config`` (spec/api.md).
+"""The ``agentd`` command: ``run | reload | status | chat | send | check-config`` (RFC 0000 §4).
 
 ``run`` starts the supervisor in the foreground; the other commands (except ``check-config``,
 which works offline) talk to a running daemon through ``agentd.client``. Every flag has an
@@ -154,16 +154,21 @@ def _twin(flag: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``agentd`` argument parser with every subcommand of spec/api.md."""
+    """The ``agentd`` argument parser with every subcommand of RFC 0000 §4."""
     formatter = argparse.RawDescriptionHelpFormatter
     parser = _Parser(
         prog="agentd",
-        description="Run LLM agent conversations and hot-swap the model under them.",
+        usage="agentd [flags of run]\n       agentd COMMAND [flags]",
+        description=(
+            "Run LLM agent conversations and hot-swap the model under them.\n\n"
+            "With no COMMAND, agentd runs the daemon: `agentd --model-swap restart-turn` is\n"
+            "`agentd run --model-swap restart-turn`."
+        ),
         formatter_class=formatter,
         epilog="Run `agentd COMMAND --help` for a command's flags and their AGENTD_* environment twins.",
     )
     parser.add_argument("--version", action="version", version=f"agentd {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, prog="agentd")
 
     run = commands.add_parser(
         "run",
@@ -264,7 +269,7 @@ def run_options(args: argparse.Namespace, environ: Mapping[str, str] | None = No
 
     env = os.environ if environ is None else environ
     # Fail early, naming the accepted values. Only the flag goes into the options: the daemon
-    # re-reads AGENTD_MODEL_SWAP itself on every reload (DESIGN §3.7), but a bad value there is
+    # re-reads AGENTD_MODEL_SWAP itself on every reload (RFC 0002 §7), but a bad value there is
     # just as fatal, so it is checked here too.
     resolve_swap_policy(args.model_swap, env)
 
@@ -709,9 +714,24 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- main
 
 
+_TOP_LEVEL_FLAGS = frozenset({"-h", "--help", "--version"})
+
+
+def with_default_command(argv: list[str]) -> list[str]:
+    """``agentd [flags of run]`` means ``agentd run [flags]``: the original usage keeps working.
+
+    Only a leading flag that the top-level parser does not know selects ``run``; a command name,
+    ``--help`` and ``--version`` are left alone.
+    """
+    if not argv or (argv[0].startswith("-") and argv[0].split("=", 1)[0] not in _TOP_LEVEL_FLAGS):
+        return ["run", *argv]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``agentd`` command. Returns the exit code (0 ok, 1 runtime failure, 2 usage/config error)."""
     parser = build_parser()
+    argv = with_default_command(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors: keep main() returning a code

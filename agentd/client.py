@@ -1,4 +1,4 @@
-"""A small synchronous HTTP client for the daemon's API (spec/api.md), used by the CLI.
+"""A small synchronous HTTP client for the daemon's API (RFC 0000 §6), used by the CLI.
 
 By default it talks to the daemon over the unix socket ``STATE_DIR/agentd.sock`` (the socket's
 file mode is the access control, so no token is sent). Given a URL (``--url``/``AGENTD_URL``) it
@@ -14,16 +14,18 @@ can subscribe first and only then start the turn it wants to watch.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NamedTuple, TypeVar
-from urllib.parse import quote, urlsplit, urlunsplit
+from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 import msgspec
 
+from agentd.causes import iter_causes
+from agentd.redact import redact_url
+from agentd.sse import SSEEvent, SSEParser, iter_sse
 from agentd.views import (
     Accepted,
     ErrorBody,
@@ -86,107 +88,7 @@ def socket_path(state_dir: str | os.PathLike[str] | None = None) -> Path:
     return Path(state_dir if state_dir is not None else DEFAULT_STATE_DIR) / SOCKET_NAME
 
 
-def _redact_url(url: str) -> str:
-    """The URL without any ``user:password@`` part, fit for an error message."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-# --------------------------------------------------------------------------- Server-Sent Events
-
-
-class SSEEvent(NamedTuple):
-    """One dispatched Server-Sent Event: its type (``message`` when unnamed), data and last id."""
-
-    event: str
-    data: str
-    id: str | None = None
-
-
-_EOL = re.compile(r"\r\n|\r|\n")
-
-
-class SSEParser:
-    """An incremental parser for the ``text/event-stream`` format (WHATWG HTML §9.2.6).
-
-    Feed it text in chunks of any size; lines may end in CRLF, LF or CR, even when a CRLF is split
-    across two chunks. ``:`` lines are comments, multiple ``data:`` lines join with ``\\n``, and
-    a blank line dispatches the event (an event with no data at all is dropped, as the spec says).
-    """
-
-    def __init__(self) -> None:
-        self._buffer = ""
-        self._started = False
-        self._skip_lf = False  # the previous chunk ended in CR: a leading LF belongs to that CRLF
-        self._event = ""
-        self._data: list[str] = []
-        self.last_event_id: str | None = None
-        self.retry_ms: int | None = None
-
-    def feed(self, text: str) -> list[SSEEvent]:
-        """Consume ``text``; return the events it completed, in order."""
-        if not text:
-            return []
-        if not self._started:
-            self._started = True
-            if text.startswith("\ufeff"):  # a byte-order mark may open the stream; it is not data
-                text = text[1:]
-        if self._skip_lf:
-            self._skip_lf = False
-            if text.startswith("\n"):
-                text = text[1:]
-        self._buffer += text
-        events: list[SSEEvent] = []
-        while True:
-            match = _EOL.search(self._buffer)
-            if match is None:
-                break
-            line = self._buffer[: match.start()]
-            if match.group() == "\r" and match.end() == len(self._buffer):
-                self._skip_lf = True
-            self._buffer = self._buffer[match.end() :]
-            event = self._line(line)
-            if event is not None:
-                events.append(event)
-        return events
-
-    def _line(self, line: str) -> SSEEvent | None:
-        if line == "":
-            return self._dispatch()
-        if line.startswith(":"):
-            return None
-        field, colon, value = line.partition(":")
-        if colon and value.startswith(" "):
-            value = value[1:]
-        if field == "event":
-            self._event = value
-        elif field == "data":
-            self._data.append(value)
-        elif field == "id":
-            if "\0" not in value:
-                self.last_event_id = value
-        elif field == "retry":
-            if value.isascii() and value.isdigit():
-                self.retry_ms = int(value)
-        return None  # unknown fields are ignored, as the format requires
-
-    def _dispatch(self) -> SSEEvent | None:
-        event, data = self._event or "message", self._data
-        self._event, self._data = "", []
-        if not data:
-            return None
-        return SSEEvent(event, "\n".join(data), self.last_event_id)
-
-
-def iter_sse(chunks: Iterable[str]) -> Iterator[SSEEvent]:
-    """Parse a stream of text chunks into events; an unterminated event at the end is dropped."""
-    parser = SSEParser()
-    for chunk in chunks:
-        yield from parser.feed(chunk)
+# --------------------------------------------------------------------------- Server-Sent Events (parsed by agentd.sse)
 
 
 class EventStream:
@@ -210,7 +112,7 @@ class EventStream:
 
     def _generate(self) -> Iterator[tuple[str, dict[str, Any]]]:
         try:
-            for event in iter_sse(self._response.iter_text()):
+            for event in iter_sse(self._response.iter_bytes()):  # the parser decodes: SSE is always UTF-8
                 yield event.event, _event_data(event)
         except httpx.TransportError as exc:
             raise ClientError(0, "stream_lost", f"lost the event stream of session {self._session_id}: {exc}") from None
@@ -240,7 +142,7 @@ def _event_data(event: SSEEvent) -> dict[str, Any]:
 
 
 class AgentdClient:
-    """One method per route of spec/api.md. Use it as a context manager or call ``close()``.
+    """One method per route of RFC 0000 §6. Use it as a context manager or call ``close()``.
 
     ``state_dir`` selects the unix socket (default ``./.agentd``); ``url`` selects TCP instead, in
     which case ``token`` (default ``$AGENTD_API_TOKEN``) is sent as a bearer token. ``transport``
@@ -284,7 +186,7 @@ class AgentdClient:
     @property
     def where(self) -> str:
         """Where the daemon is expected, for messages (never containing credentials)."""
-        return _redact_url(self.url) if self.url is not None else str(self.socket)
+        return redact_url(self.url) if self.url is not None else str(self.socket)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -300,7 +202,7 @@ class AgentdClient:
 
     def health(self) -> dict[str, Any]:
         """``GET /v1/health``: ``{"status": "ok"}`` while the supervisor loop runs."""
-        return self._ok_json(self._request("GET", "/v1/health"))
+        return self._ok_object(self._request("GET", "/v1/health"))
 
     def ready(self) -> dict[str, Any]:
         """``GET /v1/ready``: the body, with ``ready`` true (200) or false (503, with the reasons).
@@ -316,7 +218,7 @@ class AgentdClient:
             body = body if isinstance(body, dict) else {"reasons": body}
             body["ready"] = False
             return body
-        return self._ok_json(response)
+        return self._ok_object(response)
 
     def status(self) -> StatusView:
         """``GET /v1/status``."""
@@ -368,11 +270,11 @@ class AgentdClient:
 
     def cancel(self, session_id: str) -> dict[str, Any]:
         """``POST /v1/sessions/{id}/cancel``: cancel the in-flight turn; the daemon's answer, if any."""
-        return self._ok_json(self._request("POST", _session_path(session_id, "cancel")))
+        return self._ok_object(self._request("POST", _session_path(session_id, "cancel")))
 
     def close_session(self, session_id: str) -> dict[str, Any]:
         """``DELETE /v1/sessions/{id}``: close the session (its transcript is kept)."""
-        return self._ok_json(self._request("DELETE", _session_path(session_id)))
+        return self._ok_object(self._request("DELETE", _session_path(session_id)))
 
     def events(self, session_id: str) -> EventStream:
         """``GET /v1/sessions/{id}/events``: subscribe now; iterate the result for ``(name, data)``."""
@@ -456,6 +358,10 @@ class AgentdClient:
                 response.status_code, "bad_response", f"unexpected answer to {response.request.method} {response.request.url.path}: {exc}"
             ) from None
 
+    def _ok_object(self, response: httpx.Response) -> dict[str, Any]:
+        body: dict[str, Any] = self._ok_json(response)  # _ok_json has checked that it is an object
+        return body
+
     def _ok_json(self, response: httpx.Response, allow_any: bool = False) -> Any:
         if not response.is_success:
             raise self._error(response)
@@ -478,19 +384,12 @@ def _session_path(session_id: str, action: str | None = None) -> str:
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
     """Whether ``kind`` is anywhere in ``exc``'s cause chain (httpx wraps httpcore wraps OSError)."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, kind):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
+    return any(isinstance(cause, kind) for cause in iter_causes(exc))
 
 
 def _reason(exc: Exception) -> str:
     """The OS-level reason behind an httpx connect error, e.g. 'Connection refused'."""
-    cause: BaseException | None = exc
-    while cause is not None:
+    for cause in iter_causes(exc):
         if isinstance(cause, OSError) and cause.strerror:
             return cause.strerror
-        cause = cause.__cause__ or cause.__context__
     return str(exc) or type(exc).__name__

@@ -48,14 +48,14 @@ __all__ = [
 
 
 class SwapPolicy(enum.StrEnum):
-    """What an in-flight turn does when a reload changes its model (DESIGN §3)."""
+    """What an in-flight turn does when a reload changes its model (RFC 0002 §4, §5)."""
 
     FINISH_ON_OLD = "finish-on-old"
     RESTART_TURN = "restart-turn"
 
 
 class TransferMode(enum.StrEnum):
-    """How much of the history the destination assistant sees after a transfer (DESIGN §5)."""
+    """How much of the history the destination assistant sees after a transfer (RFC 0004 §3)."""
 
     ROLLING_HISTORY = "rolling-history"
     SWAP_SYSTEM_MESSAGE = "swap-system-message-in-history"
@@ -109,7 +109,7 @@ class IntelligenceOverride(_Section):
 
 
 class Limits(_Section):
-    """The per-turn budget (DESIGN §8) and the restart-turn bound (DESIGN §3.5)."""
+    """The per-turn budget (RFC 0007 §4) and the restart-turn bound (RFC 0002 §5)."""
 
     max_steps: Annotated[int, msgspec.Meta(ge=1)] = 8
     max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -118,12 +118,19 @@ class Limits(_Section):
 
 
 class SupervisorSettings(_Section):
-    """Child supervision timings (DESIGN §9)."""
+    """Child supervision timings (RFC 0003 §2, §5) and the pool of children (RFC 0006 §2)."""
 
     spawn_timeout: Seconds = 10.0
     ping_interval: Seconds = 2.0
     ping_timeout: Seconds = 10.0
     stop_grace: Seconds = 10.0
+    # 0 = the number of CPUs (at least 2).
+    children: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0
+    # 1 = a process per loaded session, for operators who want isolation.
+    sessions_per_child: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1000
+    max_children: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
+    spare_children: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 1
+    idle_unload: Seconds = 600.0
 
 
 class Transfer(_Section):

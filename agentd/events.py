@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Final
 
-# --- session events (SSE; spec/api.md) ----------------------------------------------------------
+# --- session events (SSE; RFC 0000 §7) ----------------------------------------------------------
 TURN_STARTED: Final = "turn.started"
 STEP_DONE: Final = "step.done"
-DELTA: Final = "delta"
 TOOL_CALL: Final = "tool.call"
 TOOL_RESULT: Final = "tool.result"
 TRANSFER: Final = "transfer"
@@ -33,7 +32,6 @@ SESSION_EVENTS: Final = frozenset(
         TURN_STARTED,
         STEP_STARTED,
         STEP_DONE,
-        DELTA,
         TOOL_CALL,
         TOOL_RESULT,
         TRANSFER,
@@ -47,7 +45,7 @@ SESSION_EVENTS: Final = frozenset(
     }
 )
 
-# --- log events (DESIGN §3.9, §4, §9) -----------------------------------------------------------
+# --- log events (RFC 0000 §8, RFC 0002 §9) ------------------------------------------------------
 LOG_SWAP_SENT: Final = "intel.swap.sent"
 LOG_SWAP_ACKED: Final = "intel.swap.acked"  # debug: one child acknowledged
 LOG_SWAP_FANOUT_ACKED: Final = "intel.swap.fanout_acked"  # every child a reload reached has acknowledged

@@ -1,4 +1,4 @@
-"""The canonical message model (DESIGN §6): the one definition of what a transcript holds.
+"""The canonical message model (RFC 0007 §1): the one definition of what a transcript holds.
 
 Four kinds — user, assistant, system, tool result — as tagged, immutable msgspec Structs. Besides
 the fields a provider sees, messages carry bookkeeping the transcript needs: the turn that produced

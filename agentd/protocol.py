@@ -4,7 +4,7 @@ Framing: a u32 big-endian payload length, then the payload — one msgpack-encod
 are msgspec Structs tagged by ``type``. The length is checked against ``MAX_FRAME_BYTES`` before
 anything is allocated for the payload; an oversize or undecodable frame raises ``ProtocolError``.
 
-Direction: ``→`` supervisor to child, ``←`` child to supervisor. See rfcs/0001-control-protocol.md.
+Direction: ``→`` supervisor to child, ``←`` child to supervisor. See RFC 0001.
 """
 
 from __future__ import annotations
@@ -18,21 +18,19 @@ import msgspec
 from anyio.abc import ByteStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from agentd.budget import TurnStatus, Usage
 from agentd.config import Config, Intelligence, Limits, SwapPolicy
 from agentd.messages import Message, UserMessage
+from agentd.records import Discarded, TurnRecord
 
 __all__ = [
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
     "Cancel",
     "Close",
-    "Discarded",
     "Event",
     "Failed",
     "Frame",
     "FrameChannel",
-    "FrameDecoder",
     "Input",
     "Open",
     "Ping",
@@ -52,7 +50,7 @@ __all__ = [
     "encode_frame",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 
@@ -133,7 +131,7 @@ class Open(_Frame, tag="open", kw_only=True):
 
 
 class Close(_Frame, tag="close", kw_only=True):
-    """→ Stop hosting a session (its in-flight turn, if any, is cancelled)."""
+    """→ Stop hosting a session (its in-flight turn, if any, is cancelled). Not sent yet: RFC 0001 §5."""
 
     session: str
 
@@ -144,6 +142,9 @@ class Input(_Frame, tag="input", kw_only=True):
     session: str
     turn: str
     message: UserMessage | None = None
+    # Epoch seconds the supervisor accepted the turn. The deadline counts from here across every
+    # re-run on another child (RFC 0006 §6); unset = from now.
+    started_at: float | None = None
 
 
 class Cancel(_Frame, tag="cancel", kw_only=True):
@@ -162,42 +163,25 @@ class Event(_Frame, tag="event", kw_only=True):
     data: dict[str, Any] = {}
 
 
-class Discarded(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A turn attempt thrown away by restart-turn."""
-
-    model: str
-    steps: int
-    reason: str
-    usage: Usage = Usage()
-
-
 class TurnDiscarded(_Frame, tag="turn_discarded", kw_only=True):
     """← A turn attempt was discarded (restart-turn); the turn re-runs on the new model."""
 
     session: str
     turn: str
-    model: str
-    steps: int
-    reason: str
-    usage: Usage = Usage()
+    attempt: Discarded
 
 
 class TurnDone(_Frame, tag="turn_done", kw_only=True):
-    """← A turn ended. ``messages`` are what it appended (the input message excluded)."""
+    """← A turn ended: its record (``record.id`` is the turn), and the session it leaves behind.
+
+    ``messages`` are what the turn appended (the input message excluded); ``assistant`` is the one
+    the session is on afterwards (a transfer changes it).
+    """
 
     session: str
-    turn: str
-    status: TurnStatus
     assistant: str
+    record: TurnRecord
     messages: list[Message] = []
-    models: list[str] = []
-    steps: int = 0
-    restarts: int = 0
-    discarded: list[Discarded] = []
-    usage: Usage = Usage()
-    started_at: float = 0.0
-    ended_at: float = 0.0
-    error: str | None = None
     # Set when the turn rewrote history (a transfer): the session's whole new transcript.
     transcript: list[Message] | None = None
 
@@ -212,6 +196,9 @@ class SwapIntel(_Frame, tag="swap_intel", kw_only=True):
     policy: SwapPolicy
     intelligence: dict[str, Intelligence]
     limits: Limits = Limits()
+    # The whole config of the generation (prompts, tools, transfers): a pooled child lives across
+    # reloads, so each session takes it at its next turn. Unset = only intelligence and limits changed.
+    config: Config | None = None
 
 
 class SwapAck(_Frame, tag="swap_ack", kw_only=True):
@@ -276,35 +263,12 @@ def _check_length(length: int) -> None:
         raise ProtocolError(f"frame length {length} exceeds the cap of {MAX_FRAME_BYTES} bytes")
 
 
-class FrameDecoder:
-    """Incremental decoder: feed bytes as they arrive, get whole frames back."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[Frame]:
-        """Append bytes; return every frame now complete. Raises ProtocolError on bad input."""
-        self._buffer += data
-        frames: list[Frame] = []
-        while len(self._buffer) >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(self._buffer)
-            _check_length(length)
-            end = _HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            payload = bytes(self._buffer[_HEADER.size : end])
-            del self._buffer[:end]
-            frames.append(decode_payload(payload))
-        return frames
-
-    @property
-    def pending(self) -> int:
-        """Bytes held that do not yet make a whole frame (non-zero at EOF = truncated)."""
-        return len(self._buffer)
-
-
 class FrameChannel:
-    """Frames over a byte stream (a unix socket on a dedicated fd). Sends are serialized."""
+    """Frames over a byte stream (a unix socket on a dedicated fd). Sends are serialized.
+
+    ``receive`` is the one decode path: it reads the header, checks the length against the cap
+    before reading (or allocating) any payload, then decodes exactly that many bytes.
+    """
 
     def __init__(self, stream: ByteStream) -> None:
         self._stream = stream

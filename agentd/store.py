@@ -1,4 +1,4 @@
-"""The supervisor's durable store (DESIGN §10): sessions, their transcripts and their turns.
+"""The supervisor's durable store (RFC 0003 §3): sessions, their transcripts and their turns.
 
 SQLite through the stdlib ``sqlite3`` module, one database file (``STATE_DIR/agentd.db``) in WAL
 mode with ``synchronous=FULL``: once a store call that writes has returned, what it wrote survives
@@ -36,17 +36,15 @@ import msgspec
 
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolResult, UserMessage
-from agentd.protocol import Discarded, TurnDone
-from agentd.views import SessionState
+from agentd.records import PENDING, Discarded, SessionState, StartedTurn, TurnRecord
 
 __all__ = [
-    "PENDING",
     "SCHEMA_VERSION",
+    "CommittedTurn",
     "Store",
     "StoreError",
     "StoredEntry",
     "StoredSession",
-    "StoredTurn",
 ]
 
 T = TypeVar("T")
@@ -54,17 +52,14 @@ T = TypeVar("T")
 #: The schema version this code writes; ``PRAGMA user_version`` of an up-to-date database.
 SCHEMA_VERSION = 1
 
-#: The status of a turn that has begun and has not been committed or abandoned.
-PENDING = "pending"
-
 _SESSION_STATES: frozenset[str] = frozenset(get_args(SessionState))
 _TURN_STATUSES: frozenset[str] = frozenset(status.value for status in TurnStatus)
 _MESSAGE_TYPES = (UserMessage, AssistantMessage, SystemMessage, ToolResult)
 
 _json_encoder = msgspec.json.Encoder()
 _message_decoder = msgspec.json.Decoder(Message)
-_discarded_decoder = msgspec.json.Decoder(list[Discarded])
-_models_decoder = msgspec.json.Decoder(list[str])
+_discarded_decoder = msgspec.json.Decoder(tuple[Discarded, ...])
+_models_decoder = msgspec.json.Decoder(tuple[str, ...])
 
 
 class StoreError(Exception):
@@ -78,25 +73,19 @@ class StoredEntry(msgspec.Struct, frozen=True):
     message: Message
 
 
-class StoredTurn(msgspec.Struct, frozen=True, kw_only=True):
-    """A turn as stored. ``status`` is ``pending`` until the turn is committed or abandoned."""
+class CommittedTurn(msgspec.Struct, frozen=True):
+    """What ``commit_turn`` wrote: the turn's record as stored, and the seqs of the entries it added."""
 
-    id: str
-    session: str
-    status: str
-    message: UserMessage | None
-    models: list[str] = []
-    steps: int = 0
-    restarts: int = 0
-    discarded: list[Discarded] = []
-    usage: Usage = Usage()
-    started_at: float
-    ended_at: float | None = None
-    error: str | None = None
+    record: TurnRecord
+    seqs: tuple[int, ...]
 
 
 class StoredSession(msgspec.Struct, frozen=True, kw_only=True):
-    """A session as stored. ``transcript`` and ``turns`` are empty in ``list_sessions`` results."""
+    """A session as stored. ``transcript`` and ``turns`` are empty in ``list_sessions`` results.
+
+    ``turns`` are in start order: a ``TurnRecord`` for each turn that ended, a ``StartedTurn``
+    for the one still pending (at most one).
+    """
 
     id: str
     assistant: str
@@ -106,7 +95,7 @@ class StoredSession(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float
     updated_at: float
     transcript: list[StoredEntry] = []
-    turns: list[StoredTurn] = []
+    turns: list[TurnRecord | StartedTurn] = []
     turn_count: int = 0  # how many turns the session has had (filled in summaries too)
 
 
@@ -365,40 +354,39 @@ class Store:
         return await self._write(f"begin {where}", op)
 
     async def commit_turn(
-        self, session_id: str, done: TurnDone, *, transcript: Sequence[Message] | None = None, model: str | None = None
-    ) -> list[int]:
-        """Write a turn's results in one transaction — the only write for them. Returns the new seqs.
+        self,
+        session_id: str,
+        record: TurnRecord,
+        *,
+        assistant: str,
+        messages: Sequence[Message] = (),
+        transcript: Sequence[Message] | None = None,
+        model: str | None = None,
+    ) -> CommittedTurn:
+        """Write a finished turn in one transaction — the only write for its results.
 
-        Appends ``done.messages`` as active entries or, when ``transcript`` is given (a transfer
+        Appends ``messages`` as active entries or, when ``transcript`` is given (a transfer
         rewrote history), marks every active entry inactive and inserts ``transcript`` as the new
         active transcript. Sets the turn's status, models, steps, restarts, discarded, usage,
-        ended_at (``done.ended_at``, or now when unset) and error, and the session's assistant
-        (``done.assistant``), state (``idle`` unless ``closed``), updated_at, and — when a transfer
-        changed the assistant — ``model``.
+        ended_at and error from ``record``, and the session's ``assistant``, state (``idle``
+        unless ``closed``), updated_at, and — when a transfer changed the assistant — ``model``.
+        ``record.started_at`` is not written: a turn started when ``begin_turn`` stored it, and
+        the returned record carries that time.
 
         StoreError if the session or turn is unknown or the turn is not pending (a duplicate
         commit writes nothing). If anything fails, nothing of the turn is written.
         """
-        where = f"session {session_id} turn {done.turn}"
-        if done.session != session_id:
-            raise StoreError(f"cannot commit {where}: the result belongs to session {done.session}")
+        where = f"session {session_id} turn {record.id}"
         try:
-            status = TurnStatus(done.status).value
+            status = TurnStatus(record.status)
         except ValueError:
-            raise StoreError(f"cannot commit {where}: unknown status {done.status!r}") from None
-        new_messages = done.messages if transcript is None else transcript
+            raise StoreError(f"cannot commit {where}: unknown status {record.status!r}") from None
+        new_messages = messages if transcript is None else transcript
         for message in new_messages:
             _check_message(message, where)
-        ended_at = done.ended_at or time.time()
 
-        def op(conn: sqlite3.Connection) -> list[int]:
-            if _session_row(conn, session_id) is None:
-                raise StoreError(f"cannot commit {where}: the session is unknown")
-            turn = _turn_row(conn, session_id, done.turn)
-            if turn is None:
-                raise StoreError(f"cannot commit {where}: no such turn")
-            if turn["status"] != PENDING:
-                raise StoreError(f"cannot commit {where}: the turn is not pending (status {turn['status']})")
+        def op(conn: sqlite3.Connection) -> CommittedTurn:
+            turn = _pending_turn_row(conn, session_id, record.id, f"cannot commit {where}")
             if transcript is not None:
                 conn.execute("UPDATE entries SET active = 0 WHERE session = ? AND active = 1", (session_id,))
             seqs = _insert_entries(conn, session_id, new_messages)
@@ -406,24 +394,25 @@ class Store:
                 "UPDATE turns SET status = ?, models = ?, steps = ?, restarts = ?, discarded = ?,"
                 " input_tokens = ?, output_tokens = ?, ended_at = ?, error = ? WHERE n = ?",
                 (
-                    status,
-                    _json_encoder.encode(list(done.models)).decode(),
-                    done.steps,
-                    done.restarts,
-                    _json_encoder.encode(list(done.discarded)).decode(),
-                    done.usage.input_tokens,
-                    done.usage.output_tokens,
-                    ended_at,
-                    done.error,
+                    status.value,
+                    _json_encoder.encode(record.models).decode(),
+                    record.steps,
+                    record.restarts,
+                    _json_encoder.encode(record.discarded).decode(),
+                    record.usage.input_tokens,
+                    record.usage.output_tokens,
+                    record.ended_at,
+                    record.error,
                     turn["n"],
                 ),
             )
             conn.execute(
                 "UPDATE sessions SET assistant = ?, updated_at = ?, model = COALESCE(?, model),"
                 " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = ?",
-                (done.assistant, ended_at, model, session_id),
+                (assistant, record.ended_at, model, session_id),
             )
-            return seqs
+            stored = msgspec.structs.replace(record, status=status, started_at=turn["started_at"])
+            return CommittedTurn(stored, tuple(seqs))
 
         return await self._write(f"commit {where}", op)
 
@@ -439,11 +428,7 @@ class Store:
             raise StoreError(f"cannot abandon {where}: unknown status {status!r} (expected one of {sorted(_TURN_STATUSES)})")
 
         def op(conn: sqlite3.Connection) -> None:
-            turn = _turn_row(conn, session_id, turn_id)
-            if turn is None:
-                raise StoreError(f"cannot abandon {where}: no such turn")
-            if turn["status"] != PENDING:
-                raise StoreError(f"cannot abandon {where}: the turn is not pending (status {turn['status']})")
+            turn = _pending_turn_row(conn, session_id, turn_id, f"cannot abandon {where}")
             conn.execute(
                 "UPDATE turns SET status = ?, error = ?, ended_at = ? WHERE n = ?", (status, error, ended_at, turn["n"])
             )
@@ -455,16 +440,16 @@ class Store:
 
         await self._write(f"abandon {where}", op)
 
-    async def pending_turn(self, session_id: str) -> StoredTurn | None:
+    async def pending_turn(self, session_id: str) -> StartedTurn | None:
         """The session's pending turn (with its user message), or None. StoreError if the session is unknown."""
 
-        def op(conn: sqlite3.Connection) -> StoredTurn | None:
+        def op(conn: sqlite3.Connection) -> StartedTurn | None:
             if _session_row(conn, session_id) is None:
                 raise StoreError(f"session {session_id} is unknown")
             row = conn.execute(
                 f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? AND status = ?", (session_id, PENDING)
             ).fetchone()
-            return None if row is None else _turn_from_row(conn, row)
+            return None if row is None else _started_from_row(conn, row)
 
         return await self._read(f"pending turn of session {session_id}", op)
 
@@ -584,8 +569,20 @@ def _turn_row(conn: sqlite3.Connection, session_id: str, turn_id: str) -> sqlite
     return conn.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? AND id = ?", (session_id, turn_id)).fetchone()
 
 
+def _pending_turn_row(conn: sqlite3.Connection, session_id: str, turn_id: str, refusal: str) -> sqlite3.Row:
+    """The turn's row if the session and turn exist and the turn is pending; else StoreError(``refusal``: why)."""
+    if _session_row(conn, session_id) is None:
+        raise StoreError(f"{refusal}: the session is unknown")
+    turn = _turn_row(conn, session_id, turn_id)
+    if turn is None:
+        raise StoreError(f"{refusal}: no such turn")
+    if turn["status"] != PENDING:
+        raise StoreError(f"{refusal}: the turn is not pending (status {turn['status']})")
+    return turn
+
+
 def _session_from_row(
-    row: sqlite3.Row, transcript: list[StoredEntry] | None = None, turns: list[StoredTurn] | None = None
+    row: sqlite3.Row, transcript: list[StoredEntry] | None = None, turns: list[TurnRecord | StartedTurn] | None = None
 ) -> StoredSession:
     return StoredSession(
         id=row["id"],
@@ -601,21 +598,12 @@ def _session_from_row(
     )
 
 
-def _turn_from_row(conn: sqlite3.Connection, row: sqlite3.Row) -> StoredTurn:
-    message: UserMessage | None = None
-    if row["message_seq"] is not None:
-        text = conn.execute(
-            "SELECT message FROM entries WHERE session = ? AND seq = ?", (row["session"], row["message_seq"])
-        ).fetchone()[0]
-        decoded = _decode_message(text)
-        if not isinstance(decoded, UserMessage):
-            raise StoreError(f"session {row['session']} turn {row['id']}: its input entry is not a user message")
-        message = decoded
-    return StoredTurn(
+def _turn_from_row(conn: sqlite3.Connection, row: sqlite3.Row) -> TurnRecord | StartedTurn:
+    if row["status"] == PENDING:
+        return _started_from_row(conn, row)
+    return TurnRecord(
         id=row["id"],
-        session=row["session"],
-        status=row["status"],
-        message=message,
+        status=TurnStatus(row["status"]),
         models=_models_decoder.decode(row["models"]),
         steps=row["steps"],
         restarts=row["restarts"],
@@ -625,6 +613,19 @@ def _turn_from_row(conn: sqlite3.Connection, row: sqlite3.Row) -> StoredTurn:
         ended_at=row["ended_at"],
         error=row["error"],
     )
+
+
+def _started_from_row(conn: sqlite3.Connection, row: sqlite3.Row) -> StartedTurn:
+    message: UserMessage | None = None
+    if row["message_seq"] is not None:
+        text = conn.execute(
+            "SELECT message FROM entries WHERE session = ? AND seq = ?", (row["session"], row["message_seq"])
+        ).fetchone()[0]
+        decoded = _decode_message(text)
+        if not isinstance(decoded, UserMessage):
+            raise StoreError(f"session {row['session']} turn {row['id']}: its input entry is not a user message")
+        message = decoded
+    return StartedTurn(id=row["id"], message=message, started_at=row["started_at"])
 
 
 def _load_session(conn: sqlite3.Connection, session_id: str) -> StoredSession | None:

@@ -1,4 +1,4 @@
-"""Swap decisions (DESIGN §3): pure functions, no I/O.
+"""Swap decisions (RFC 0002): pure functions, no I/O.
 
 The child loop asks these at its checkpoints; the supervisor uses ``classify_swap`` to decide
 which sessions a reload affects. Keeping them here makes every rule testable on its own.

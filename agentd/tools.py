@@ -3,7 +3,7 @@
 A tool's JSON schema comes from its type hints; arguments are validated against them before the
 call, and a bad argument, an unknown tool or an exception becomes an error *result* for the model —
 never a crashed child. A tool may declare itself free of side effects with ``@side_effect_free``:
-restart-turn then runs it again in a re-run instead of reusing its recorded result (DESIGN §3.5).
+restart-turn then runs it again in a re-run instead of reusing its recorded result (RFC 0002 §5).
 """
 
 from __future__ import annotations

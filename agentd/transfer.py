@@ -1,4 +1,4 @@
-"""Transfers between assistants and openers, as pure functions over the transcript (DESIGN §5).
+"""Transfers between assistants and openers, as pure functions over the transcript (RFC 0004).
 
 Nothing here does I/O or calls a model. The child loop asks this module:
 
@@ -10,12 +10,12 @@ Nothing here does I/O or calls a model. The child loop asks this module:
 - what the opener F2 is (``opener_plan``, then ``opener_message`` or ``generated_opener``), at
   session start (``session_start_history``) and after a transfer alike.
 
-Vocabulary of DESIGN §5: S1/S2 = old/new assistant's system prompt, TT/TR = the transfer tool
+Vocabulary of RFC 0004 §3: S1/S2 = old/new assistant's system prompt, TT/TR = the transfer tool
 call and its result, M = destination message spoken by the old assistant, F2 = the new
 assistant's opener. Every message keeps its bookkeeping (``turn``, ``model``, ``assistant``): a
 transfer reshapes which messages the destination sees, never what a kept message says or who
-produced it. The choices made where DESIGN §5 is silent are listed in
-rfcs/0004-assistants-and-transfers.md and in the docstrings below.
+produced it. The choices made where the modes alone are ambiguous are listed in
+RFC 0004 §5 and in the docstrings below.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ def transfer_history(
     transfer_call_id: str,
     message: AssistantMessage | None,
 ) -> list[Message]:
-    """The destination assistant's transcript before its opener F2 (DESIGN §5).
+    """The destination assistant's transcript before its opener F2 (RFC 0004 §3).
 
     ``history`` is the transcript up to and including the old assistant's message holding the
     transfer call TT (id ``transfer_call_id``, possibly beside other tool calls) and the tool
@@ -379,7 +379,7 @@ def opener_plan(assistant: Assistant, history: Sequence[Message] | None = None) 
 def opener_message(plan: OpenerPlan, *, turn: str | None, model: str | None) -> AssistantMessage:
     """F2 for a ``first-message`` plan: the configured text, spoken by the plan's assistant.
 
-    No model produced it, but every assistant entry records a model (spec/api.md): pass the model
+    No model produced it, but every assistant entry records a model (RFC 0002 §8): pass the model
     the assistant is running on when it takes the conversation. Raises ValueError for other plans.
     """
     if plan.kind is not OpenerKind.FIRST_MESSAGE:
@@ -394,7 +394,7 @@ def generated_opener(
 
     The opener call is made with no tools offered: one call cannot run a tool and answer after it.
     Should a model ask for tools anyway, the calls are dropped (never a call without its result
-    in history). An answer left empty never enters history (DESIGN §6); a thinking-only answer is
+    in history). An answer left empty never enters history (RFC 0007 §2); a thinking-only answer is
     kept. The message is recorded with the model that produced it.
     """
     opener = msgspec.structs.replace(message, tool_calls=(), turn=turn, model=model, assistant=assistant)

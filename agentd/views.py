@@ -1,4 +1,4 @@
-"""The HTTP API's bodies (spec/api.md): the one definition shared by the server and the CLI client.
+"""The HTTP API's bodies (RFC 0000 §6): the one definition shared by the server and the CLI client.
 
 Request bodies reject unknown fields so a typo is a 400, not a silently ignored option.
 """
@@ -6,6 +6,7 @@ Request bodies reject unknown fields so a typo is a 400, not a silently ignored 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -13,7 +14,7 @@ import msgspec
 from agentd.budget import Usage
 from agentd.config import ConfigIssue
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolResult, UserMessage
-from agentd.protocol import Discarded
+from agentd.records import PENDING, Discarded, SessionState, StartedTurn, TurnRecord
 
 __all__ = [
     "Accepted",
@@ -27,7 +28,6 @@ __all__ = [
     "PostMessage",
     "ReloadResult",
     "SessionCounts",
-    "SessionState",
     "SessionSummary",
     "SessionView",
     "StatusView",
@@ -35,9 +35,12 @@ __all__ = [
     "TurnView",
     "entry_from_message",
     "iso",
+    "turn_done_event",
+    "turn_view",
 ]
 
-SessionState = Literal["idle", "running", "failed", "closed"]
+#: The fields of a turn's view that the ``turn.done`` event carries (with the turn's new ``messages``).
+_TURN_DONE_EVENT_FIELDS = ("status", "models", "steps", "restarts", "discarded", "usage", "error")
 
 
 def iso(timestamp: float | None) -> str | None:
@@ -108,6 +111,26 @@ class TurnView(_Body, kw_only=True):
     started_at: str | None = None
     ended_at: str | None = None
     error: str | None = None
+
+
+def turn_view(turn: TurnRecord | StartedTurn) -> TurnView:
+    """The API view of a turn: a finished turn's record, or a started one as ``pending``."""
+    if isinstance(turn, StartedTurn):
+        return TurnView(id=turn.id, status=PENDING, started_at=iso(turn.started_at))
+    return TurnView(
+        id=turn.id, status=turn.status.value, models=list(turn.models), steps=turn.steps, restarts=turn.restarts,
+        discarded=list(turn.discarded), usage=turn.usage, started_at=iso(turn.started_at), ended_at=iso(turn.ended_at),
+        error=turn.error,
+    )
+
+
+def turn_done_event(record: TurnRecord, messages: Sequence[Entry]) -> dict[str, Any]:
+    """The data of the ``turn.done`` event: the finished turn as ``turn_view`` renders it, and its new entries.
+
+    The turn's id travels in the event envelope and its times are left out.
+    """
+    view: dict[str, Any] = msgspec.to_builtins(turn_view(record))
+    return {name: view[name] for name in _TURN_DONE_EVENT_FIELDS} | {"messages": msgspec.to_builtins(list(messages))}
 
 
 class SessionSummary(_Body, kw_only=True):

@@ -13,9 +13,10 @@ real ``python -m agentd.child`` over its real control channel (no mocks):
    - model call in flight: the session runs a turn whose scripted model call is held on a
      ``hold_file`` that never exists; pings start only after the child's ``step.started`` Event.
    ``--repeat`` children × ``--pings`` pings each.
-3. Frame codec: ``encode_frame`` + ``FrameDecoder.feed`` (one long-lived decoder, as on a channel)
-   for a SwapIntel carrying the quickstart config's intelligence map and for a TurnDone carrying
-   20 messages (assistant messages with tool calls and thinking, tool results, a final answer).
+3. Frame codec: ``encode_frame`` + ``decode_payload`` (what ``FrameChannel.receive`` runs on each
+   payload once the length prefix has been read and checked) for a SwapIntel carrying the
+   quickstart config's intelligence map and for a TurnDone carrying 20 messages (assistant
+   messages with tool calls and thinking, tool results, a final answer).
    ``--codec-batches`` batches of ``--codec-batch`` iterations; per-operation time = batch time /
    iterations; the percentiles are over batches.
 
@@ -36,19 +37,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import anyio  # noqa: E402
+import anyio
+from tables import percentile, print_table
 
-from tables import percentile, print_table  # noqa: E402
-
-from agentd import events  # noqa: E402
-from agentd.budget import TurnStatus, Usage  # noqa: E402
-from agentd.config import Config, SwapPolicy, intelligence_map, parse_config, quickstart_config  # noqa: E402
-from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, UserMessage  # noqa: E402
-from agentd.protocol import (  # noqa: E402
+from agentd import events
+from agentd.budget import TurnStatus, Usage
+from agentd.config import Config, SwapPolicy, intelligence_map, parse_config, quickstart_config
+from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, UserMessage
+from agentd.protocol import (
     Close,
     Event,
     Frame,
-    FrameDecoder,
     Input,
     Open,
     Ping,
@@ -56,9 +55,11 @@ from agentd.protocol import (  # noqa: E402
     Spawn,
     SwapIntel,
     TurnDone,
+    decode_payload,
     encode_frame,
 )
-from agentd.supervisor.process import ChildProcess  # noqa: E402
+from agentd.records import TurnRecord
+from agentd.supervisor.process import ChildProcess
 
 REPO = Path(__file__).resolve().parent.parent
 HANDSHAKE_TIMEOUT = 30.0
@@ -230,18 +231,23 @@ def turn_done_frame(count: int = 20) -> TurnDone:
     messages.append(AssistantMessage(content="[echo-large] Your invoices are all paid. " * 3, model="echo-large",
                                      assistant="billing", turn=turn))
     assert len(messages) == count
-    return TurnDone(session="session-0123456789abcdef", turn=turn, status=TurnStatus.COMPLETED, assistant="billing",
-                    messages=messages, models=["echo-large"], steps=step + 1,
-                    usage=Usage(input_tokens=1234, output_tokens=321), started_at=1_700_000_000.0, ended_at=1_700_000_004.5)
+    record = TurnRecord(id=turn, status=TurnStatus.COMPLETED, models=("echo-large",), steps=step + 1,
+                        usage=Usage(input_tokens=1234, output_tokens=321), started_at=1_700_000_000.0,
+                        ended_at=1_700_000_004.5)
+    return TurnDone(session="session-0123456789abcdef", assistant="billing", record=record, messages=messages)
 
 
 def codec_figures(frame: Frame, batches: int, batch: int) -> dict[str, list[float]]:
-    """Per-operation µs for encode, decode and both, one sample per batch."""
-    decoder = FrameDecoder()
+    """Per-operation µs for encode, decode and both, one sample per batch.
+
+    Decoding is timed on the payload, without its 4-byte length prefix: that is the part of
+    ``FrameChannel.receive`` that costs anything (reading the prefix is one ``struct`` unpack).
+    """
     data = encode_frame(frame)
-    assert decoder.feed(data) == [frame], "the frame must survive a round trip"
+    payload = data[4:]
+    assert decode_payload(payload) == frame, "the frame must survive a round trip"
     for _ in range(batch):  # warm-up
-        decoder.feed(encode_frame(frame))
+        decode_payload(encode_frame(frame)[4:])
     out: dict[str, list[float]] = {"encode": [], "decode": [], "both": [], "bytes": [float(len(data))]}
     for _ in range(batches):
         began = time.perf_counter_ns()
@@ -250,11 +256,11 @@ def codec_figures(frame: Frame, batches: int, batch: int) -> dict[str, list[floa
         out["encode"].append((time.perf_counter_ns() - began) / 1000 / batch)
         began = time.perf_counter_ns()
         for _ in range(batch):
-            decoder.feed(data)
+            decode_payload(payload)
         out["decode"].append((time.perf_counter_ns() - began) / 1000 / batch)
         began = time.perf_counter_ns()
         for _ in range(batch):
-            decoder.feed(encode_frame(frame))
+            decode_payload(encode_frame(frame)[4:])
         out["both"].append((time.perf_counter_ns() - began) / 1000 / batch)
     return out
 
@@ -290,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, frame in (("SwapIntel (quickstart map)", swap_frame()), ("TurnDone (20 messages)", turn_done_frame())):
         codec = codec_figures(frame, args.codec_batches, args.codec_batch)
         size = f"{int(codec['bytes'][0])} B"
-        for op, label in (("encode", "encode_frame"), ("decode", "FrameDecoder.feed"), ("both", "encode + decode")):
+        for op, label in (("encode", "encode_frame"), ("decode", "decode_payload"), ("both", "encode + decode")):
             rows.append([f"{name}: {label}", "us", str(len(codec[op])), *(f"{v:.2f}" for v in (
                 percentile(codec[op], 50), percentile(codec[op], 95), max(codec[op]))), size])
     print_table(f"Frame codec ({args.codec_batches} batches x {args.codec_batch} iterations; per operation)",

@@ -108,7 +108,8 @@ async def running_child(
             tg.start_soon(harness.read_frames)
             yield harness
         finally:
-            await child.stop(grace=5)
+            # No grace: a test that leaves a turn held must not wait it out (Shutdown{0} still exits 0).
+            await child.stop(grace=0)
             tg.cancel_scope.cancel()
 
 

@@ -120,8 +120,9 @@ class Daemon:
     """One ``agentd run`` process on a temp state dir."""
 
     def __init__(self, tmp: Path, config_text: str | None = None, *, args: list[str] | None = None, env: dict[str, str] | None = None,
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, command: str | None = "run") -> None:
         self.tmp = tmp
+        self.subcommand = [command] if command else []  # None: `agentd [flags of run]`
         self.state_dir = state_dir or tmp / "state"
         self.config_path = tmp / "agentd.toml"
         if config_text is not None:
@@ -138,7 +139,7 @@ class Daemon:
 
     def command(self) -> list[str]:
         config = ["--config", str(self.config_path)] if self.config_path.exists() else []
-        return [sys.executable, "-m", "agentd", "run", *config, "--state-dir", str(self.state_dir), "--log-format", "json", *self.args]
+        return [sys.executable, "-m", "agentd", *self.subcommand, *config, "--state-dir", str(self.state_dir), "--log-format", "json", *self.args]
 
     def start(self) -> Daemon:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()

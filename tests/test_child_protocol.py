@@ -1,4 +1,4 @@
-"""The child process at the protocol level: real processes, real fd, real frames (DESIGN §3, §8, §9).
+"""The child process at the protocol level: real processes, real fd, real frames (RFC 0002, RFC 0007 §4, RFC 0001 §7).
 
 "Mid-turn" is made deterministic with the scripted model's ``hold_file`` option and the
 ``tests.tooling.held`` tool: the test holds a model call (or a tool call) in flight until it has
@@ -83,7 +83,7 @@ async def test_ready_after_spawn_and_ping_answered_during_model_call(tmp_path: P
         assert not child.of(TurnDone), "the model call is still held, yet the Ping was answered"
         gate.touch()
         done = await child.expect(TurnDone)
-        assert done.status is TurnStatus.COMPLETED
+        assert done.record.status is TurnStatus.COMPLETED
         assert done.messages[-1].content == "[old-model] You said: hello"
 
 
@@ -104,11 +104,11 @@ async def test_bad_tool_reference_fails_the_spawn_clearly(tmp_path: Path) -> Non
     assert await child.stop(grace=5) == 2
 
 
-# --------------------------------------------------------------------------- DESIGN §3
+# --------------------------------------------------------------------------- RFC 0002
 
 
 async def test_swap_ack_at_once_latest_wins_and_finish_on_old(tmp_path: Path) -> None:
-    """§3.1 ack on receipt, latest wins; §3.4 every step of the in-flight turn on the old model."""
+    """RFC 0002 §1 ack on receipt, latest wins; §4 every step of the in-flight turn on the old model."""
     gate = tmp_path / "model.gate"
     async with running_child(cfg(options=f"steps = 2, {hold(gate)}"), tmp_path) as child:
         await child.open()
@@ -121,10 +121,10 @@ async def test_swap_ack_at_once_latest_wins_and_finish_on_old(tmp_path: Path) ->
         await child.event("swap.parked", lambda e: e.data["model_to"] == "model-c")
         gate.touch()
         done = await child.expect(TurnDone)
-        assert done.status is TurnStatus.COMPLETED
-        assert done.steps == 3
+        assert done.record.status is TurnStatus.COMPLETED
+        assert done.record.steps == 3
         assert assistant_models(done) == ["old-model"] * 3
-        assert done.restarts == 0
+        assert done.record.restarts == 0
         applied = await child.expect(SwapApplied)
         assert (applied.generation, applied.model_from, applied.model_to) == (3, "old-model", "model-c")
         assert applied.kind is SwapKind.MODEL
@@ -138,7 +138,7 @@ async def test_swap_ack_at_once_latest_wins_and_finish_on_old(tmp_path: Path) ->
 
 
 async def test_transcript_survives_a_swap(tmp_path: Path) -> None:
-    """§3.2: the next turn runs on the new model over the full transcript."""
+    """RFC 0002 §2: the next turn runs on the new model over the full transcript."""
     async with running_child(cfg(), tmp_path) as child:
         await child.open()
         await child.say("one two three", "t1")
@@ -149,12 +149,12 @@ async def test_transcript_survives_a_swap(tmp_path: Path) -> None:
         second = await child.expect(TurnDone)
         # The scripted model counts every history word as an input token.
         history_words = len("one two three".split()) + len(first.messages[-1].content.split()) + 1
-        assert second.usage.input_tokens == history_words
+        assert second.record.usage.input_tokens == history_words
         assert assistant_models(second) == ["model-b"]
 
 
 async def test_idle_session_applies_swap_at_once(tmp_path: Path) -> None:
-    """§3.3"""
+    """RFC 0002 §3"""
     async with running_child(cfg(), tmp_path) as child:
         await child.open()
         await child.send(child.swap(cfg("model-b"), 2, RESTART))
@@ -166,7 +166,7 @@ async def test_idle_session_applies_swap_at_once(tmp_path: Path) -> None:
 
 
 async def test_restart_turn_discards_and_reruns_without_starting_requested_tools(tmp_path: Path) -> None:
-    """§3.5: the in-flight model call completes, the tool it asked for never starts, the turn re-runs."""
+    """RFC 0002 §5: the in-flight model call completes, the tool it asked for never starts, the turn re-runs."""
     gate = tmp_path / "model.gate"
     async with running_child(cfg(options=f"steps = 1, {hold(gate)}"), tmp_path, policy=RESTART) as child:
         await child.open()
@@ -176,13 +176,13 @@ async def test_restart_turn_discards_and_reruns_without_starting_requested_tools
         await child.expect(SwapAck)
         gate.touch()
         discarded = await child.expect(TurnDiscarded)
-        assert (discarded.model, discarded.steps) == ("old-model", 1)
-        assert discarded.usage.output_tokens > 0
+        assert (discarded.attempt.model, discarded.attempt.steps) == ("old-model", 1)
+        assert discarded.attempt.usage.output_tokens > 0
         done = await child.expect(TurnDone)
-        assert done.status is TurnStatus.COMPLETED
-        assert done.restarts == 1
-        assert [d.model for d in done.discarded] == ["old-model"]
-        assert done.models == ["model-b"]
+        assert done.record.status is TurnStatus.COMPLETED
+        assert done.record.restarts == 1
+        assert [d.model for d in done.record.discarded] == ["old-model"]
+        assert done.record.models == ("model-b",)
         assert set(assistant_models(done)) == {"model-b"}
         assert all(m.turn == "t1" for m in done.messages)
         # One tool call ran: the re-run's. The discarded step's call never started.
@@ -192,7 +192,7 @@ async def test_restart_turn_discards_and_reruns_without_starting_requested_tools
 
 
 async def test_restart_turn_never_tears_a_running_tool_and_replays_its_result(tmp_path: Path) -> None:
-    """§3.5: a tool in flight completes; in the re-run the same call reuses the recorded result."""
+    """RFC 0002 §5: a tool in flight completes; in the re-run the same call reuses the recorded result."""
     async with running_child(cfg(options="steps = 1", tools='["tests.tooling:held"]'), tmp_path, policy=RESTART) as child:
         await child.open()
         await child.say("go", "t1")
@@ -201,7 +201,7 @@ async def test_restart_turn_never_tears_a_running_tool_and_replays_its_result(tm
         await child.expect(SwapAck)
         (tmp_path / "tool.gate").touch()
         done = await child.expect(TurnDone)
-        assert done.restarts == 1 and done.models == ["model-b"]
+        assert done.record.restarts == 1 and done.record.models == ("model-b",)
         assert tool_log(tmp_path) == ["held-start step 1", "held-end step 1"]
         results = [m for m in done.messages if isinstance(m, ToolResult)]
         assert [r.content for r in results] == ["held step 1"]
@@ -218,12 +218,12 @@ async def test_restart_turn_reruns_side_effect_free_tools(tmp_path: Path) -> Non
         await child.expect(SwapAck)
         (tmp_path / "tool.gate").touch()
         done = await child.expect(TurnDone)
-        assert done.restarts == 1
+        assert done.record.restarts == 1
         assert tool_log(tmp_path).count("held-start step 1") == 2
 
 
 async def test_restarts_are_bounded_then_fall_back_to_finish_on_old(tmp_path: Path) -> None:
-    """§3.5: at most max_turn_restarts; after that the turn finishes on its model."""
+    """RFC 0002 §5: at most max_turn_restarts; after that the turn finishes on its model."""
     gate_a, gate_b = tmp_path / "a.gate", tmp_path / "b.gate"
     limits = "max_turn_restarts = 1"
     async with running_child(cfg(options=hold(gate_a), limits=limits), tmp_path, policy=RESTART) as child:
@@ -239,15 +239,15 @@ async def test_restarts_are_bounded_then_fall_back_to_finish_on_old(tmp_path: Pa
         await child.expect(SwapAck)
         gate_b.touch()
         done = await child.expect(TurnDone)
-        assert done.restarts == 1
-        assert done.models == ["model-b"]
+        assert done.record.restarts == 1
+        assert done.record.models == ("model-b",)
         applied = await child.expect(SwapApplied, lambda a: a.generation == 3)
         assert applied.model_to == "model-c"
         assert len(child.of(TurnDiscarded)) == 1
 
 
 async def test_repoint_never_restarts(tmp_path: Path) -> None:
-    """§3.6: same model, other endpoints/options → finish-on-old even under restart-turn."""
+    """RFC 0002 §6: same model, other endpoints/options → finish-on-old even under restart-turn."""
     gate = tmp_path / "model.gate"
     async with running_child(cfg(options=f"steps = 1, {hold(gate)}"), tmp_path, policy=RESTART) as child:
         await child.open()
@@ -257,7 +257,7 @@ async def test_repoint_never_restarts(tmp_path: Path) -> None:
         await child.expect(SwapAck)
         gate.touch()
         done = await child.expect(TurnDone)
-        assert done.restarts == 0 and not done.discarded
+        assert done.record.restarts == 0 and not done.record.discarded
         applied = await child.expect(SwapApplied)
         assert applied.kind is SwapKind.REPOINT
         assert tool_log(tmp_path) == ["record step 1"]
@@ -278,7 +278,7 @@ async def test_swap_of_another_assistant_leaves_the_session_alone(tmp_path: Path
 
 
 async def test_every_assistant_message_records_model_and_turn(tmp_path: Path) -> None:
-    """§3.8"""
+    """RFC 0002 §8"""
     async with running_child(cfg(options="steps = 2, think = true"), tmp_path) as child:
         await child.open()
         await child.say("go", "t9")
@@ -289,7 +289,7 @@ async def test_every_assistant_message_records_model_and_turn(tmp_path: Path) ->
         assert all(m.thinking for m in assistants)
 
 
-# --------------------------------------------------------------------------- budgets (DESIGN §8)
+# --------------------------------------------------------------------------- budgets (RFC 0007 §3–§6)
 
 
 async def test_max_steps_exhausted(tmp_path: Path) -> None:
@@ -297,8 +297,8 @@ async def test_max_steps_exhausted(tmp_path: Path) -> None:
         await child.open()
         await child.say("go", "t1")
         done = await child.expect(TurnDone)
-        assert done.status is TurnStatus.EXHAUSTED_STEPS
-        assert done.steps == 2
+        assert done.record.status is TurnStatus.EXHAUSTED_STEPS
+        assert done.record.steps == 2
         assert tool_log(tmp_path) == ["record step 1", "record step 2"]
 
 
@@ -307,8 +307,8 @@ async def test_max_tokens_exhausted(tmp_path: Path) -> None:
         await child.open()
         await child.say("a fairly long message that costs more than five tokens", "t1")
         done = await child.expect(TurnDone)
-        assert done.status is TurnStatus.EXHAUSTED_TOKENS
-        assert done.steps == 1
+        assert done.record.status is TurnStatus.EXHAUSTED_TOKENS
+        assert done.record.steps == 1
         # The unrun call is answered so the history stays valid; the tool itself never ran.
         assert tool_log(tmp_path) == []
         assert isinstance(done.messages[-1], ToolResult) and done.messages[-1].is_error
@@ -320,7 +320,7 @@ async def test_deadline(tmp_path: Path) -> None:
         await child.open()
         await child.say("go", "t1")
         done = await child.expect(TurnDone)
-        assert done.status is TurnStatus.DEADLINE
+        assert done.record.status is TurnStatus.DEADLINE
         assert done.messages == []
 
 
@@ -329,7 +329,7 @@ async def test_loop_detected_on_fourth_identical_call(tmp_path: Path) -> None:
         await child.open()
         await child.say("go", "t1")
         done = await child.expect(TurnDone)
-        assert done.status is TurnStatus.LOOP_DETECTED
+        assert done.record.status is TurnStatus.LOOP_DETECTED
         assert tool_log(tmp_path) == ["record step 1"] * 3
 
 
@@ -338,7 +338,7 @@ async def test_unknown_tool_becomes_an_error_result_and_the_turn_continues(tmp_p
         await child.open()
         await child.say("please call tool nosuch", "t1")
         done = await child.expect(TurnDone)
-        assert done.status is TurnStatus.COMPLETED
+        assert done.record.status is TurnStatus.COMPLETED
         result = next(m for m in done.messages if isinstance(m, ToolResult))
         assert result.is_error and "unknown tool 'nosuch'" in result.content
         assert done.messages[-1].content.startswith("[old-model] You said:")
@@ -352,7 +352,7 @@ async def test_cancel_mid_turn(tmp_path: Path) -> None:
         await child.event("step.started")
         await child.send(Cancel(session="s1", turn="t1"))
         done = await child.expect(TurnDone)
-        assert done.status is TurnStatus.CANCELLED
+        assert done.record.status is TurnStatus.CANCELLED
         await child.say("again", "t2")  # the session stays usable
         await child.event("step.started", lambda e: e.turn == "t2")
 
@@ -366,10 +366,10 @@ async def test_second_input_while_running_is_refused(tmp_path: Path) -> None:
         failed = await child.expect(Failed)
         assert failed.turn == "t2" and "already runs turn t1" in failed.error
         gate.touch()
-        assert (await child.expect(TurnDone)).turn == "t1"
+        assert (await child.expect(TurnDone)).record.id == "t1"
 
 
-# --------------------------------------------------------------------------- failure modes (DESIGN §9)
+# --------------------------------------------------------------------------- failure modes (RFC 0001 §7, RFC 0003 §2)
 
 
 async def test_malformed_frame_from_parent_exits_nonzero_with_a_clear_line(tmp_path: Path) -> None:
@@ -421,6 +421,7 @@ def test_child_exits_when_its_parent_dies(tmp_path: Path) -> None:
     assert _alive(child_pid)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
+    parent.stdout.close()
     killed_at = time.monotonic()
     while _alive(child_pid) and time.monotonic() - killed_at < 30:
         time.sleep(0.02)

@@ -1,4 +1,4 @@
-"""Transfers inside a real child process (DESIGN §5): the transfer tool, the history modes as the
+"""Transfers inside a real child process (RFC 0004): the transfer tool, the history modes as the
 loop applies them, first-message modes, and how transfers compose with swaps."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ async def transfer_turn(tmp_path: Path, config_text: str, text: str = "please tr
 )
 async def test_transfer_rewrites_history_per_mode(tmp_path: Path, mode: str, expected: list[str]) -> None:
     done, _ = await transfer_turn(tmp_path, squad(mode))
-    assert done.status is TurnStatus.TRANSFERRED
+    assert done.record.status is TurnStatus.TRANSFERRED
     assert done.assistant == "billing"
     assert done.transcript is not None
     assert shape(done.transcript) == expected
@@ -97,7 +97,7 @@ async def test_transfer_rewrites_history_per_mode(tmp_path: Path, mode: str, exp
 async def test_parallel_call_beside_the_transfer_runs_and_keeps_its_result(tmp_path: Path) -> None:
     mode = "swap-system-message-in-history-and-remove-transfer-tool-messages"
     done, _ = await transfer_turn(tmp_path, squad(mode), "record this and transfer me to billing")
-    assert done.status is TurnStatus.TRANSFERRED
+    assert done.record.status is TurnStatus.TRANSFERRED
     assert tool_log(tmp_path) == ["record step 1"]
     # Only the transfer call and its result went; the record call stays paired with its result.
     assert shape(done.transcript) == ["S:billing", "U", "TT:record", "TR:record", "A:triage", "A:billing"]
@@ -117,7 +117,7 @@ async def test_model_generated_opener_is_one_call_by_the_new_assistant(tmp_path:
     assert isinstance(opener, AssistantMessage)
     assert opener.content == "[billing-model] Hello, billing here. How can I help?"
     assert (opener.model, opener.assistant) == ("billing-model", "billing")
-    assert "billing-model" in done.models
+    assert "billing-model" in done.record.models
 
 
 async def test_waits_for_user_means_no_opener(tmp_path: Path) -> None:

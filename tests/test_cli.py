@@ -387,8 +387,8 @@ TRICKY_STREAM = (
 TRICKY_EXPECTED = [
     SSEEvent("tool.call", '{"a":\n1}', None),
     SSEEvent("swap.parked", '{"b": 2}', "7"),
-    SSEEvent("message", "", "7"),
-    SSEEvent("turn.done", '{"c": 3}', "7"),
+    SSEEvent("message", "", "7", 1500),  # events carry the stream's reconnection time once "retry:" set it
+    SSEEvent("turn.done", '{"c": 3}', "7", 1500),
 ]
 
 
@@ -889,8 +889,23 @@ def test_describe_event_ignores_noise() -> None:
     assert cli.describe_event("session.failed", {**base, "error": "crashed 6 times"}) == "  [session failed] crashed 6 times"
 
 
+def test_no_command_means_run() -> None:
+    assert cli.with_default_command([]) == ["run"]
+    assert cli.with_default_command(["--model-swap", "restart-turn"]) == ["run", "--model-swap", "restart-turn"]
+    assert cli.with_default_command(["--config=a.toml"]) == ["run", "--config=a.toml"]
+    assert cli.with_default_command(["status", "--json"]) == ["status", "--json"]
+    for top_level in (["--help"], ["-h"], ["--version"]):
+        assert cli.with_default_command(top_level) == top_level
+
+
+def test_help_shows_both_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "agentd [flags of run]" in out and "agentd COMMAND [flags]" in out
+
+
 def test_main_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main([]) == 2
+    assert cli.main(["--no-such-flag"]) == 2  # read as `agentd run --no-such-flag`
     assert cli.main(["frobnicate"]) == 2
     assert cli.main(["send"]) == 2  # TEXT is required
     assert cli.main(["run", "--log-format", "xml"]) == 2

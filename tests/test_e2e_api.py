@@ -1,4 +1,4 @@
-"""The HTTP API (spec/api.md) and the CLI, against one real ``agentd run`` subprocess.
+"""The HTTP API (RFC 0000 §6) and the CLI, against one real ``agentd run`` subprocess.
 
 One daemon serves the whole module (each test uses its own sessions); the TCP listener tests
 start their own. Turns that must stay in flight use the ``held`` assistant, whose scripted

@@ -1,5 +1,5 @@
 """Real providers through the real daemon: ``agentd run`` against the fake Ollama and OpenAI-compatible
-servers on loopback (issue 4, points 4, 6, 7; DESIGN §3, §7).
+servers on loopback (RFC 0005 §2–§6; RFC 0002 §4–§6; RFC 0007 §5).
 
 The fake server's request log is the witness: it records which ``model`` each model call named,
 so "which model served which step" is read from the server, not from agentd's own account (which
@@ -268,9 +268,10 @@ def test_failover_to_the_second_endpoint_when_the_first_refuses(tmp_path: Path) 
 # --------------------------------------------------------------------------- 5. every endpoint down
 
 
-def test_all_endpoints_down_ends_intel_unavailable_and_the_session_stays_usable(tmp_path: Path) -> None:
+def test_all_endpoints_down_makes_readiness_503_while_the_turn_waits(tmp_path: Path) -> None:
     dead = distinct_refused_urls(2)
-    with running_daemon(tmp_path, ollama_config(OLD, dead, deadline="8s")) as daemon:
+    # A deadline far away: the readiness check never races it. The wait ends by a cancel.
+    with running_daemon(tmp_path, ollama_config(OLD, dead, deadline="120s")) as daemon:
         assert daemon.api("GET", "/v1/ready").status_code == 200
         session = daemon.new_session()
         turn_id, events = start_turn(daemon, session)
@@ -280,7 +281,16 @@ def test_all_endpoints_down_ends_intel_unavailable_and_the_session_stays_usable(
         assert ready.status_code == 503, ready.text
         reasons = ready.json()["reasons"]
         assert any("endpoints down" in r and "main" in r for r in reasons), reasons
+        daemon.json("POST", f"/v1/sessions/{session}/cancel", status=202)
+        assert events.wait("turn.done", lambda d: d["turn"] == turn_id)["status"] == "cancelled"
+        wait_until(lambda: daemon.api("GET", "/v1/ready").status_code == 200, "readiness to come back")
 
+
+def test_all_endpoints_down_ends_intel_unavailable_and_the_session_stays_usable(tmp_path: Path) -> None:
+    dead = distinct_refused_urls(2)
+    with running_daemon(tmp_path, ollama_config(OLD, dead, deadline="1s")) as daemon:
+        session = daemon.new_session()
+        turn_id, events = start_turn(daemon, session)
         done = events.wait("turn.done", lambda d: d["turn"] == turn_id)
         assert done["status"] == "intel_unavailable"
         assert daemon.turn(session, turn_id)["status"] == "intel_unavailable"
@@ -289,7 +299,7 @@ def test_all_endpoints_down_ends_intel_unavailable_and_the_session_stays_usable(
         assert daemon.session(session)["state"] == "idle"
 
         with FakeOllama(default=Reply(content="back online")) as server:
-            daemon.config_path.write_text(ollama_config(OLD, [server.url], deadline="8s"))
+            daemon.config_path.write_text(ollama_config(OLD, [server.url], deadline="30s"))
             reload = daemon.json("POST", "/v1/reload", status=200)
             assert reload["applied"] is True and reload["swapped_sessions"] == [session]
             events.wait("swap.applied", lambda d: d["kind"] == "repoint")

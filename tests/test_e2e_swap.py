@@ -1,4 +1,4 @@
-"""Hot swap end to end: the real ``agentd run``, a config edit, a real SIGHUP (DESIGN §3, §4).
+"""Hot swap end to end: the real ``agentd run``, a config edit, a real SIGHUP (RFC 0002, RFC 0003 §4).
 
 "Mid-turn" is an event, not a guess: the scripted model's ``hold_file`` keeps the model call in
 flight until the test has seen ``step.started`` and the reload's ``swap.parked``.
@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from typing import Any
 
 from tests.child_harness import tool_log
 from tests.daemon_harness import Daemon, running_daemon, wait_until
@@ -79,12 +80,17 @@ def test_finish_on_old_keeps_the_in_flight_turn_on_the_old_model(tmp_path: Path)
         assert acked[0]["generation"] == 2 and acked[0]["seconds"] >= 0
 
 
-@pytest.mark.parametrize("how", ["flag", "env"])
+@pytest.mark.parametrize("how", ["flag", "env", "flag without a command"])
 def test_restart_turn_reruns_on_the_new_model(tmp_path: Path, how: str) -> None:
     gate = tmp_path / "model.gate"
-    kwargs = {"args": ["--model-swap", "restart-turn"]} if how == "flag" else {"env": {"AGENTD_MODEL_SWAP": "restart-turn"}}
+    kwargs: dict[str, Any] = {
+        "flag": {"args": ["--model-swap", "restart-turn"]},
+        "env": {"env": {"AGENTD_MODEL_SWAP": "restart-turn"}},
+        # The original usage: `agentd --model-swap restart-turn` is `agentd run --model-swap restart-turn`.
+        "flag without a command": {"args": ["--model-swap", "restart-turn"], "command": None},
+    }[how]
     with running_daemon(tmp_path, config(options=f"steps = 1, {hold(gate)}"), **kwargs) as daemon:
-        assert daemon.status()["model_swap"] == {"policy": "restart-turn", "source": how}
+        assert daemon.status()["model_swap"] == {"policy": "restart-turn", "source": how.split()[0]}
         session = daemon.new_session()
         turn_id, events = start_held_turn(daemon, session)
         daemon.config_path.write_text(config("new-model", options="steps = 1"))
@@ -190,7 +196,8 @@ def test_fifty_sighups_while_turns_run(tmp_path: Path) -> None:
 
 def test_a_sighup_during_start_up_is_a_reload_not_a_kill(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path, config())
-    daemon.process = subprocess.Popen(daemon.command(), stdout=open(daemon.log_path, "wb"), stderr=subprocess.STDOUT,
+    daemon._log = open(daemon.log_path, "wb")  # noqa: SIM115 - closed by daemon.stop()
+    daemon.process = subprocess.Popen(daemon.command(), stdout=daemon._log, stderr=subprocess.STDOUT,
                                       env=daemon.env, cwd=tmp_path)
     # The pid file appears while the daemon is still starting (before it serves the API).
     wait_until(lambda: (daemon.state_dir / "agentd.pid").exists(), "the pid file")

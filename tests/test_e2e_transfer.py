@@ -1,4 +1,4 @@
-"""Transfers end to end (issue 5): the real daemon, the scripted model, each history mode once,
+"""Transfers end to end (RFC 0004): the real daemon, the scripted model, each history mode once,
 then a reload that swaps the destination's model mid-turn under restart-turn."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The endpoint breaker and failover order (DESIGN §7), on an injected clock: no waiting."""
+"""The endpoint breaker and failover order (RFC 0005 §4), on an injected clock: no waiting."""
 
 from __future__ import annotations
 

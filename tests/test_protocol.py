@@ -7,16 +7,19 @@ must be deliberate. Regenerate with ``AGENTD_REGEN_FIXTURES=1 pytest tests/test_
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import struct
 import typing
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -30,12 +33,10 @@ from agentd.protocol import (
     PROTOCOL_VERSION,
     Cancel,
     Close,
-    Discarded,
     Event,
     Failed,
     Frame,
     FrameChannel,
-    FrameDecoder,
     Input,
     Open,
     Ping,
@@ -53,6 +54,7 @@ from agentd.protocol import (
     decode_payload,
     encode_frame,
 )
+from agentd.records import Discarded, TurnRecord
 
 FIXTURES = Path(__file__).parent / "fixtures" / "frames"
 REGEN = os.environ.get("AGENTD_REGEN_FIXTURES") == "1"
@@ -119,7 +121,8 @@ def _samples() -> list[Any]:
         Failed(error="session store unreachable", session="s-1", turn="t-1"),
         Open(session="s-1", assistant="triage", transcript=[_SYSTEM, _USER, _ASSISTANT_CALLS, _TOOL]),
         Close(session="s-1"),
-        Input(session="s-1", turn="t-2", message=UserMessage(content="Transfer me to billing", name="alice")),
+        Input(session="s-1", turn="t-2", message=UserMessage(content="Transfer me to billing", name="alice"),
+              started_at=1764583200.5),
         Cancel(session="s-1", turn="t-2"),
         Event(
             session="s-1",
@@ -128,22 +131,26 @@ def _samples() -> list[Any]:
             data={"name": "clock", "arguments": {"offset_hours": 1}, "step": 2, "ok": True, "ratio": 0.5, "none": None},
         ),
         TurnDiscarded(
-            session="s-1", turn="t-2", model="echo-small", steps=2, reason="model swap", usage=Usage(120, 45)
+            session="s-1",
+            turn="t-2",
+            attempt=Discarded(model="echo-small", steps=2, reason="model swap", usage=Usage(120, 45)),
         ),
         TurnDone(
             session="s-1",
-            turn="t-2",
-            status=TurnStatus.LOOP_DETECTED,
             assistant="triage",
+            record=TurnRecord(
+                id="t-2",
+                status=TurnStatus.LOOP_DETECTED,
+                models=("echo-small", "echo-large"),
+                steps=3,
+                restarts=1,
+                discarded=(Discarded(model="echo-small", steps=2, reason="model swap", usage=Usage(120, 45)),),
+                usage=Usage(input_tokens=300, output_tokens=80),
+                started_at=1714561200.25,
+                ended_at=1714561203.5,
+                error="tool 'clock' called 4 times with the same arguments",
+            ),
             messages=[_SYSTEM, _USER, _ASSISTANT_CALLS, _TOOL, _TOOL_ERROR, _ASSISTANT_ANSWER],
-            models=["echo-small", "echo-large"],
-            steps=3,
-            restarts=1,
-            discarded=[Discarded(model="echo-small", steps=2, reason="model swap", usage=Usage(120, 45))],
-            usage=Usage(input_tokens=300, output_tokens=80),
-            started_at=1714561200.25,
-            ended_at=1714561203.5,
-            error="tool 'clock' called 4 times with the same arguments",
             transcript=[_SYSTEM, _USER, _ASSISTANT_ANSWER],
         ),
         SwapIntel(
@@ -151,6 +158,7 @@ def _samples() -> list[Any]:
             policy=SwapPolicy.RESTART_TURN,
             intelligence=intelligence_map(_SWAP_CONFIG),
             limits=Limits(max_steps=5, max_tokens=4000, deadline=30.0, max_turn_restarts=1),
+            config=_SWAP_CONFIG,
         ),
         SwapAck(generation=4),
         SwapApplied(
@@ -188,8 +196,8 @@ def test_golden_fixture(sample: Any) -> None:
         pytest.fail(f"missing golden fixture {path}; run with AGENTD_REGEN_FIXTURES=1 to create it")
     golden = path.read_bytes()
     assert encoded == golden, f"wire format of {type(sample).__name__} changed; see {path}"
-    decoded = FrameDecoder().feed(golden)
-    assert decoded == [sample]
+    decoded, end = _read([golden])
+    assert (decoded, end) == ([sample], "eof")
     assert type(decoded[0]) is type(sample)
     assert decode_payload(golden[4:]) == sample
 
@@ -305,71 +313,127 @@ def test_length_prefix_is_u32_big_endian() -> None:
     payload = msgspec.msgpack.encode(frame)
     assert data[4:] == payload
     assert data[:4] == struct.pack(">I", len(payload))
-    assert data[:2] == b"\x00\x00" and data[2] == len(payload) >> 8
+    assert data[:2] == b"\x00\x00"
+    assert data[2] == len(payload) >> 8
+
+
+# --------------------------------------------------------------------------- reading frames through FrameChannel
+#
+# FrameChannel.receive is the only decode path production has, so the framing tests feed their bytes
+# through a real FrameChannel. _ChunkStream stands in for the socket only: it hands out exactly the
+# chunks a test chose (never more than the reader asks for, as a socket does), then ends the stream.
+
+
+class _ChunkStream(anyio.abc.ByteStream):
+    """The receiving end of a connection that delivers ``chunks`` and then EOF (or, with
+    ``then_block``, stays open and silent)."""
+
+    def __init__(self, chunks: Iterable[bytes], *, then_block: bool = False) -> None:
+        self._chunks = deque(chunk for chunk in chunks if chunk)  # a socket never delivers b"" before EOF
+        self._then_block = then_block
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        await anyio.lowlevel.checkpoint()
+        if not self._chunks:
+            if self._then_block:
+                await anyio.sleep_forever()
+            raise anyio.EndOfStream
+        chunk = self._chunks.popleft()
+        if len(chunk) > max_bytes:
+            self._chunks.appendleft(chunk[max_bytes:])
+            chunk = chunk[:max_bytes]
+        return chunk
+
+    async def send(self, item: bytes) -> None:
+        raise anyio.BrokenResourceError  # a receive-only double
+
+    async def send_eof(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        self._chunks.clear()
+
+
+async def _receive_all(channel: FrameChannel) -> tuple[list[Any], str]:
+    """Every frame the channel returns, then how reading ended: "eof" (None) or "error" (ProtocolError)."""
+    frames: list[Any] = []
+    while True:
+        try:
+            frame = await channel.receive()
+        except ProtocolError:
+            return frames, "error"
+        if frame is None:
+            return frames, "eof"
+        assert isinstance(frame, FRAME_TYPES)
+        frames.append(frame)
+
+
+def _read(chunks: Iterable[bytes]) -> tuple[list[Any], str]:
+    async def main() -> tuple[list[Any], str]:
+        with anyio.fail_after(10):  # the double never blocks, so reading can only end, never hang
+            return await _receive_all(FrameChannel(_ChunkStream(chunks)))
+
+    return anyio.run(main)
 
 
 def _stream() -> bytes:
     return b"".join(encode_frame(s) for s in SAMPLES)
 
 
-def test_decoder_handles_a_split_at_every_byte_boundary() -> None:
+def test_channel_reads_a_stream_split_at_every_byte_boundary() -> None:
     stream = _stream()
-    for cut in range(len(stream) + 1):
-        decoder = FrameDecoder()
-        frames = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
-        assert frames == SAMPLES, f"split at byte {cut}"
-        assert decoder.pending == 0
+
+    async def main() -> None:
+        for cut in range(len(stream) + 1):
+            channel = FrameChannel(_ChunkStream([stream[:cut], stream[cut:]]))
+            assert await _receive_all(channel) == (SAMPLES, "eof"), f"split at byte {cut}"
+
+    anyio.run(main)
 
 
-def test_decoder_byte_by_byte() -> None:
+def test_channel_reads_a_stream_byte_by_byte() -> None:
     stream = _stream()
-    decoder = FrameDecoder()
-    frames: list[Any] = []
-    for i in range(len(stream)):
-        frames += decoder.feed(stream[i : i + 1])
-    assert frames == SAMPLES
+    assert _read(stream[i : i + 1] for i in range(len(stream))) == (SAMPLES, "eof")
 
 
-def test_decoder_returns_multiple_frames_from_one_chunk() -> None:
-    decoder = FrameDecoder()
-    assert decoder.feed(encode_frame(Ping(seq=1)) + encode_frame(Pong(seq=1)) + encode_frame(Ping(seq=2))) == [
-        Ping(seq=1),
-        Pong(seq=1),
-        Ping(seq=2),
-    ]
-    assert decoder.pending == 0
+def test_channel_returns_each_frame_of_one_chunk() -> None:
+    chunk = encode_frame(Ping(seq=1)) + encode_frame(Pong(seq=1)) + encode_frame(Ping(seq=2))
+    assert _read([chunk]) == ([Ping(seq=1), Pong(seq=1), Ping(seq=2)], "eof")
 
 
-def test_decoder_holds_a_partial_frame() -> None:
-    data = encode_frame(Ping(seq=9)) + encode_frame(Pong(seq=9))
-    decoder = FrameDecoder()
+def test_channel_completes_a_frame_from_the_next_chunk_and_eof_inside_one_is_an_error() -> None:
     first = len(encode_frame(Ping(seq=9)))
-    assert decoder.feed(data[: first + 3]) == [Ping(seq=9)]
-    assert decoder.pending == 3
-    assert decoder.feed(data[first + 3 :]) == [Pong(seq=9)]
-    assert decoder.pending == 0
+    data = encode_frame(Ping(seq=9)) + encode_frame(Pong(seq=9))
+    assert _read([data[: first + 3], data[first + 3 :]]) == ([Ping(seq=9), Pong(seq=9)], "eof")
+    assert _read([data[: first + 3]]) == ([Ping(seq=9)], "error")  # the stream ended 3 bytes into Pong's header
+    assert _read([data[: first + 5]]) == ([Ping(seq=9)], "error")  # ... and inside its payload
 
 
 def test_oversize_length_is_rejected_from_the_header_alone() -> None:
-    decoder = FrameDecoder()
-    with pytest.raises(ProtocolError, match="exceeds"):
-        decoder.feed(struct.pack(">I", MAX_FRAME_BYTES + 1))
+    async def main() -> None:
+        channel = FrameChannel(_ChunkStream([struct.pack(">I", MAX_FRAME_BYTES + 1)], then_block=True))
+        with anyio.fail_after(10), pytest.raises(ProtocolError, match="exceeds"):
+            await channel.receive()  # the stream stays open: the error cannot come from waiting for bytes
+
+    anyio.run(main)
 
 
 def test_length_at_the_cap_waits_for_the_payload() -> None:
-    decoder = FrameDecoder()
-    assert decoder.feed(struct.pack(">I", MAX_FRAME_BYTES)) == []
-    assert decoder.pending == 4
+    async def main() -> None:
+        channel = FrameChannel(_ChunkStream([struct.pack(">I", MAX_FRAME_BYTES)], then_block=True))
+        with anyio.move_on_after(0.2) as scope:
+            await channel.receive()
+        assert scope.cancelled_caught  # still waiting for the payload, no error
+
+    anyio.run(main)
 
 
 def test_garbage_payload_is_a_protocol_error() -> None:
-    with pytest.raises(ProtocolError):
-        FrameDecoder().feed(struct.pack(">I", 3) + b"\xc1\xc1\xc1")
+    assert _read([struct.pack(">I", 3) + b"\xc1\xc1\xc1"]) == ([], "error")
 
 
 def test_zero_length_frame_is_a_protocol_error() -> None:
-    with pytest.raises(ProtocolError):
-        FrameDecoder().feed(struct.pack(">I", 0))
+    assert _read([struct.pack(">I", 0)]) == ([], "error")
 
 
 def _event_with_blob(size: int) -> Event:
@@ -411,29 +475,56 @@ def _inputs(draw: st.DrawFn) -> bytes:
     return bytes(out)
 
 
-def _feed_all(chunks: list[bytes]) -> None:
-    decoder = FrameDecoder()
-    try:
-        for chunk in chunks:
-            for frame in decoder.feed(chunk):
-                assert isinstance(frame, FRAME_TYPES)
-    except ProtocolError:
-        pass
+def _split(blob: bytes, cuts: list[int]) -> list[bytes]:
+    return [blob[a:b] for a, b in itertools.pairwise([0, *sorted(cuts), len(blob)])]
+
+
+def _comparable(outcome: tuple[list[Any], str]) -> tuple[list[bytes], str]:
+    # Frames compare by their encoding: a mutated float may decode to NaN, which is not equal to itself.
+    frames, end = outcome
+    return [encode_frame(frame) for frame in frames], end
+
+
+def _expected(blob: bytes) -> tuple[list[bytes], str]:
+    """What the framing rules say ``blob`` holds, worked out on the whole blob at once: the frames
+    before the first bad spot, then "eof" if the blob ends exactly after a frame, else "error"."""
+    frames: list[bytes] = []
+    pos = 0
+    while pos < len(blob):
+        if len(blob) - pos < 4:
+            return frames, "error"  # the stream ended inside a header
+        (length,) = struct.unpack_from(">I", blob, pos)
+        payload = blob[pos + 4 : pos + 4 + length]
+        if length > MAX_FRAME_BYTES or len(payload) < length:
+            return frames, "error"  # over the cap, or the stream ended inside the payload
+        try:
+            frames.append(encode_frame(decode_payload(payload)))
+        except ProtocolError:
+            return frames, "error"
+        pos += 4 + length
+    return frames, "eof"
 
 
 @_FUZZ
 @given(_inputs())
-def test_fuzz_one_chunk_yields_frames_or_protocol_error(data: bytes) -> None:
-    _feed_all([data])
+def test_fuzz_one_chunk_yields_its_frames_then_eof_or_protocol_error(data: bytes) -> None:
+    # _receive_all asserts that each result is a frame; any exception but ProtocolError fails the test.
+    assert _comparable(_read([data])) == _expected(data)
 
 
 @_FUZZ
 @given(st.data())
-def test_fuzz_random_splits_yield_frames_or_protocol_error(data: st.DataObject) -> None:
+def test_fuzz_random_splits_yield_what_the_whole_blob_holds(data: st.DataObject) -> None:
     blob = data.draw(_inputs()) + data.draw(_inputs())
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(blob)), max_size=6)))
-    bounds = [0, *cuts, len(blob)]
-    _feed_all([blob[a:b] for a, b in zip(bounds, bounds[1:])])
+    cuts = data.draw(st.lists(st.integers(0, len(blob)), max_size=6))
+    assert _comparable(_read(_split(blob, cuts))) == _expected(blob)
+
+
+@_FUZZ
+@given(st.lists(st.sampled_from(SAMPLES), max_size=6), st.lists(st.integers(0, 10**6), max_size=8))
+def test_valid_frames_in_any_split_come_back_exactly_then_eof(frames: list[Any], cuts: list[int]) -> None:
+    blob = b"".join(encode_frame(frame) for frame in frames)
+    assert _read(_split(blob, [c % (len(blob) + 1) for c in cuts])) == (frames, "eof")
 
 
 # --------------------------------------------------------------------------- FrameChannel over a socket pair

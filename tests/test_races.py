@@ -58,10 +58,10 @@ async def test_a_cancel_during_a_restart_never_commits_the_discarded_attempt() -
 
     session = ChildSession("s", "a", [], config, intelligence_map(config), config.limits, 1, SwapPolicy.RESTART_TURN, send)
     done = await run_turn(session, "t1", UserMessage(content="go", turn="t1"), resolve_tools(["clock"]))
-    assert done.status is TurnStatus.CANCELLED
+    assert done.record.status is TurnStatus.CANCELLED
     assert done.messages == [], "nothing of the discarded attempt is committed"
-    assert done.restarts == 1 and [d.model for d in done.discarded] == ["old-model"]
-    assert done.usage == done.discarded[0].usage, "the discarded attempt's spend is counted once"
+    assert done.record.restarts == 1 and [d.model for d in done.record.discarded] == ["old-model"]
+    assert done.record.usage == done.record.discarded[0].usage, "the discarded attempt's spend is counted once"
     assert session.current_intelligence.model == "new-model"
 
 
@@ -97,7 +97,7 @@ async def test_a_deadline_during_the_generated_opener_leaves_a_whole_handoff(tmp
     session = ChildSession("s", "a", [SystemMessage(content="I am A.", name="a")], config, intelligence_map(config),
                            config.limits, 1, SwapPolicy.FINISH_ON_OLD, send)
     done = await run_turn(session, "t1", UserMessage(content="please transfer me to b", turn="t1"), resolve_tools([]))
-    assert done.status is TurnStatus.DEADLINE
+    assert done.record.status is TurnStatus.DEADLINE
     assert done.assistant == "b"
     assert done.transcript is not None
     assert [m.content for m in done.transcript if isinstance(m, SystemMessage)] == ["I am A.", "I am B."]
@@ -204,7 +204,7 @@ async def test_a_cancel_in_the_middle_of_a_handoff_commits_a_whole_one() -> None
     session = ChildSession("s", "a", [SystemMessage(content="I am A.", name="a")], config, intelligence_map(config),
                            config.limits, 1, SwapPolicy.FINISH_ON_OLD, send)
     done = await run_turn(session, "t1", UserMessage(content="please transfer me to b", turn="t1"), resolve_tools([]))
-    assert done.status is TurnStatus.CANCELLED
+    assert done.record.status is TurnStatus.CANCELLED
     assert done.assistant == "b" and done.transcript is not None
     assert [m.content for m in done.transcript if isinstance(m, SystemMessage)] == ["I am B."]
 
@@ -240,7 +240,7 @@ tools = ["clock"]
             done = await run_turn(session, "t1", UserMessage(content="time twice", turn="t1"), resolve_tools(["clock"]))
         finally:
             await session.provider.aclose()
-    assert done.status is TurnStatus.EXHAUSTED_TOKENS
+    assert done.record.status is TurnStatus.EXHAUSTED_TOKENS
     last = max(i for i, m in enumerate(done.messages) if isinstance(m, AssistantMessage))
     results = [m for m in done.messages[last + 1 :] if isinstance(m, ToolResult)]
     assert [r.call_id for r in results] == ["call_0"] and results[0].is_error
@@ -272,7 +272,7 @@ async def test_a_transfer_is_not_announced_when_another_call_of_its_step_ends_th
     session = ChildSession("s", "a", [], config, intelligence_map(config), config.limits, 1, SwapPolicy.FINISH_ON_OLD, send)
     session.provider = LoopingThenTransferring()
     done = await run_turn(session, "t1", UserMessage(content="go", turn="t1"), resolve_tools(["clock"]))
-    assert done.status is TurnStatus.LOOP_DETECTED
+    assert done.record.status is TurnStatus.LOOP_DETECTED
     assert done.assistant == "a"
     transfer_result = next(m for m in done.messages if isinstance(m, ToolResult) and m.call_id == "t")
     assert transfer_result.is_error and transfer_result.content.startswith("not run")

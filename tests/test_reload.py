@@ -1,5 +1,5 @@
 """Reload logic without processes: the config diff, the per-session fan-out choice, and the
-coordinator that serializes and coalesces reloads (DESIGN §4)."""
+coordinator that serializes and coalesces reloads (RFC 0003 §4)."""
 
 from __future__ import annotations
 

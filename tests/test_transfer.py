@@ -1,4 +1,4 @@
-"""Transfers and openers as pure logic (agentd/transfer.py; DESIGN §5, seed 000, rfcs/0004)."""
+"""Transfers and openers as pure logic (agentd/transfer.py; RFC 0004)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ REMOVE = TransferMode.SWAP_SYSTEM_MESSAGE_AND_REMOVE_TRANSFER
 DELETE = TransferMode.DELETE_HISTORY
 ALL_MODES = list(TransferMode)
 
-# --------------------------------------------------------------------------- the seed's conversation
+# --------------------------------------------------------------------------- the conversation of RFC 0004 §4
 
 A1 = Assistant(
     name="assistant1",
@@ -104,7 +104,7 @@ def take_over(
 
 
 def roles(messages: Sequence[Message]) -> list[tuple[str, str]]:
-    """(role, content) per message, with tool calls and results spelled like the seed document."""
+    """(role, content) per message, with tool calls and results spelled like RFC 0004 §4."""
     out = []
     for m in messages:
         if isinstance(m, ToolResult):
@@ -116,12 +116,12 @@ def roles(messages: Sequence[Message]) -> list[tuple[str, str]]:
     return out
 
 
-# --------------------------------------------------------------------------- seed 000 and DESIGN §5, exactly
+# --------------------------------------------------------------------------- RFC 0004 §3–§4, exactly
 
 
 def test_seed_rolling_history() -> None:
     out = take_over(PRE, ROLLING)
-    assert out == [S1, F1, U1, R1, U2, TT, TR, M, S2, F2]  # DESIGN §5: [S1, …history, TT, TR, M, S2, F2]
+    assert out == [S1, F1, U1, R1, U2, TT, TR, M, S2, F2]  # RFC 0004 §3: [S1, …history, TT, TR, M, S2, F2]
     assert roles(out) == [
         ("system", "assistant1 system message"),
         ("assistant", "assistant1 first message"),
@@ -138,7 +138,7 @@ def test_seed_rolling_history() -> None:
 
 def test_seed_swap_system_message_in_history() -> None:
     out = take_over(PRE, SWAP)
-    assert out == [S2, F1, U1, R1, U2, TT, TR, M, F2]  # DESIGN §5: [S2, …history, TT, TR, M, F2]
+    assert out == [S2, F1, U1, R1, U2, TT, TR, M, F2]  # RFC 0004 §3: [S2, …history, TT, TR, M, F2]
     assert roles(out) == [
         ("system", "assistant2 system message"),
         ("assistant", "assistant1 first message"),
@@ -154,7 +154,7 @@ def test_seed_swap_system_message_in_history() -> None:
 
 def test_seed_swap_and_remove_transfer_tool_messages() -> None:
     out = take_over(PRE, REMOVE)
-    assert out == [S2, F1, U1, R1, U2, M, F2]  # DESIGN §5: [S2, …history, M, F2]
+    assert out == [S2, F1, U1, R1, U2, M, F2]  # RFC 0004 §3: [S2, …history, M, F2]
     assert roles(out) == [
         ("system", "assistant2 system message"),
         ("assistant", "assistant1 first message"),
@@ -167,7 +167,7 @@ def test_seed_swap_and_remove_transfer_tool_messages() -> None:
 
 
 def test_seed_delete_history() -> None:
-    # The seed's example goes on with the conversation after F2; the transfer itself leaves [S2, F2].
+    # RFC 0004 §4: the transfer itself leaves [S2, F2]; the conversation goes on from there.
     out = take_over(PRE, DELETE)
     assert out == [S2, F2]
     assert roles(out) == [("system", "assistant2 system message"), ("assistant", "assistant2 first message")]

@@ -126,7 +126,7 @@ def test_ollama_history_round_trip_is_lossless(messages: list[Message]) -> None:
 
 @given(transcripts(images_everywhere=False, with_thinking=True))
 def test_openai_history_round_trip_is_lossless_for_what_the_wire_carries(messages: list[Message]) -> None:
-    # Thinking is not sent back on this wire (rfcs/0005); everything else survives, including the
+    # Thinking is not sent back on this wire (RFC 0005 §3); everything else survives, including the
     # tool result's name, recovered from its call id.
     back = messages_from_openai(encoded(messages_to_openai(messages)))
     assert back == [canonical(m, thinking=False) for m in messages]
@@ -276,7 +276,7 @@ def test_think_tags_at_the_start_of_content_become_thinking(thinking: str, answe
 
 def test_think_tag_edge_cases() -> None:
     assert split_think("plain answer") == (None, "plain answer")
-    # Only a block that opens the content is reasoning (spec/wire.md): a bare close tag is text.
+    # Only a block that opens the content is reasoning (RFC 0005 §3): a bare close tag is text.
     assert split_think("reasoning here</think>\n\nanswer") == (None, "reasoning here</think>\n\nanswer")
     assert split_think("In XML you close it with </think> and go on.") == (None, "In XML you close it with </think> and go on.")
     assert split_think("<think>cut off by the length limit") == ("cut off by the length limit", "")

@@ -166,7 +166,8 @@ class ChildRuntime:
 
     async def _turn_task(self, session: ChildSession, frame: Input) -> None:
         try:
-            done = await run_turn(session, frame.turn, frame.message, self.toolboxes[session.assistant])
+            done = await run_turn(session, frame.turn, frame.message, self.toolboxes[session.assistant],
+                                  accepted_at=frame.started_at)
             await self.send(done)
             await session.apply_parked(turn=None)  # idle now: its boundary is now
         except Exception as exc:  # a loop bug must not take the other sessions down

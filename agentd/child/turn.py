@@ -27,7 +27,8 @@ from agentd.intel import CompletionRequest, IntelError
 from agentd.intel.base import Completion, IntelErrorKind
 from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, UserMessage, is_empty_assistant
 from agentd.obs import get_logger
-from agentd.protocol import Discarded, TurnDiscarded, TurnDone
+from agentd.protocol import TurnDiscarded, TurnDone
+from agentd.records import Discarded, TurnRecord
 from agentd.tools import Tool, ToolOutcome
 from agentd.transfer import (
     OpenerKind,
@@ -76,13 +77,22 @@ class _Attempt:
     error: str | None = None
     model: str = ""
     transcript: list[Message] | None = None  # set by a transfer: the session's rewritten transcript
+    # Epoch seconds the turn was accepted, for its first attempt: the deadline counts from there
+    # across re-runs on other children. A restart-turn attempt gets a fresh budget (None).
+    accepted_at: float | None = None
+
+    def deadline_seconds(self, deadline: float) -> float:
+        """How long this attempt may run: the whole deadline, less what earlier runs of the turn used."""
+        if self.accepted_at is None:
+            return deadline
+        return max(0.0, min(deadline, self.accepted_at + deadline - time.time()))
 
     async def run(self) -> TurnStatus:
         """Run steps until a status ends the attempt; raises _Restart at a checkpoint if due."""
         limits = self.session.limits
         self.budget = TurnBudget(limits, anyio.current_time())
         self.model = self.session.current_intelligence.model
-        with anyio.move_on_after(limits.deadline) as deadline_scope:
+        with anyio.move_on_after(self.deadline_seconds(limits.deadline)) as deadline_scope:
             status = await self._steps()
         if deadline_scope.cancelled_caught:
             status = TurnStatus.INTEL_UNAVAILABLE if self.waiting_for_intel else TurnStatus.DEADLINE
@@ -314,8 +324,18 @@ def _is_transfer_call(choice: TransferChoice, call: ToolCall) -> bool:
     return call.id == choice.call.id or any(call.id == other.id for other in choice.superseded)
 
 
-async def run_turn(session: ChildSession, turn: str, message: UserMessage | None, tools: Mapping[str, Tool]) -> TurnDone:
-    """Run one turn to its end and return the TurnDone to send (TurnDiscarded frames are sent on the way)."""
+async def run_turn(
+    session: ChildSession,
+    turn: str,
+    message: UserMessage | None,
+    tools: Mapping[str, Tool],
+    accepted_at: float | None = None,
+) -> TurnDone:
+    """Run one turn to its end and return the TurnDone to send (TurnDiscarded frames are sent on the way).
+
+    ``accepted_at`` (epoch seconds) is when the supervisor accepted the turn: its deadline counts
+    from then, so a turn re-run after a crash does not get a fresh deadline.
+    """
     started_at = time.time()
     session.turn_id = turn
     try:
@@ -326,7 +346,7 @@ async def run_turn(session: ChildSession, turn: str, message: UserMessage | None
         scope = session.turn_scope or anyio.CancelScope()
         session.turn_scope = scope
         status: TurnStatus = TurnStatus.CANCELLED
-        attempt = _Attempt(session, turn, base, tools, replay, restarts)
+        attempt = _Attempt(session, turn, base, tools, replay, restarts, accepted_at=accepted_at)
         with scope:  # Cancel frames cancel this scope, whichever attempt is running
             while True:
                 try:
@@ -346,15 +366,14 @@ async def run_turn(session: ChildSession, turn: str, message: UserMessage | None
             attempt.close_unpaired(status)
         usage = usage + attempt.usage
         session.transcript = attempt.transcript if attempt.transcript is not None else base + attempt.messages
-        models = list(dict.fromkeys(m.model for m in attempt.messages if isinstance(m, AssistantMessage) and m.model))
-        done = TurnDone(
-            session=session.id, turn=turn, status=status, assistant=session.assistant, messages=attempt.messages,
-            models=models, steps=attempt.steps, restarts=restarts, discarded=discarded, usage=usage,
-            started_at=started_at, ended_at=time.time(), error=attempt.error, transcript=attempt.transcript,
-        )
+        models = tuple(dict.fromkeys(m.model for m in attempt.messages if isinstance(m, AssistantMessage) and m.model))
+        record = TurnRecord(id=turn, status=status, models=models, steps=attempt.steps, restarts=restarts,
+                            discarded=tuple(discarded), usage=usage, started_at=started_at, ended_at=time.time(),
+                            error=attempt.error)
         log.info(events.LOG_TURN_DONE, session=session.id, turn=turn, status=status.value, steps=attempt.steps,
-                 restarts=restarts, models=models)
-        return done
+                 restarts=restarts, models=list(models))
+        return TurnDone(session=session.id, assistant=session.assistant, record=record, messages=attempt.messages,
+                        transcript=attempt.transcript)
     finally:
         session.turn_id = None
         session.turn_scope = None
@@ -363,9 +382,9 @@ async def run_turn(session: ChildSession, turn: str, message: UserMessage | None
 async def _discard(session: ChildSession, attempt: _Attempt) -> Discarded:
     """Report the attempt as discarded, apply the parked swap, announce the restart."""
     model_from = attempt.model
-    reason = "restart-turn: model swapped"
-    await session.send(TurnDiscarded(session=session.id, turn=attempt.turn, model=model_from, steps=attempt.steps,
-                                     reason=reason, usage=attempt.usage))
+    discarded = Discarded(model=model_from, steps=attempt.steps, reason="restart-turn: model swapped",
+                          usage=attempt.usage)
+    await session.send(TurnDiscarded(session=session.id, turn=attempt.turn, attempt=discarded))
     log.info(events.LOG_TURN_DISCARDED, session=session.id, turn=attempt.turn, model=model_from, steps=attempt.steps)
     await session.apply_parked(attempt.turn)
     model_to = session.current_intelligence.model
@@ -373,4 +392,4 @@ async def _discard(session: ChildSession, attempt: _Attempt) -> Discarded:
              restarts=attempt.restarts + 1)
     await session.emit(events.TURN_RESTARTED, attempt.turn, model_from=model_from, model_to=model_to,
                        restarts=attempt.restarts + 1, discarded_steps=attempt.steps)
-    return Discarded(model=model_from, steps=attempt.steps, reason=reason, usage=attempt.usage)
+    return discarded

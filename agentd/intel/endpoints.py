@@ -1,4 +1,4 @@
-"""Endpoint health: ordered failover with a circuit breaker per endpoint (DESIGN §7). Pure.
+"""Endpoint health: ordered failover with a circuit breaker per endpoint (RFC 0005 §4). Pure.
 
 Every method takes ``now`` (seconds on any monotonic clock), so the rules are tested without
 waiting. The rules:

@@ -10,17 +10,17 @@ IntelError kind and no failover. The wire specifics live in the subclasses (``ol
 
 Secrets: the API key is only ever put in the ``Authorization`` header. Every error text we produce
 passes through ``_scrub`` (a server may echo the key back) and endpoints are named by
-``redact_url`` (no userinfo, no query string), so neither errors nor logs can carry it.
+``agentd.redact.redact_url`` (no userinfo, no query string), so neither errors nor logs can carry it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Protocol, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx
@@ -28,6 +28,7 @@ import msgspec
 import structlog
 
 from agentd import __version__ as _agentd_version
+from agentd.causes import iter_causes
 from agentd.config import Intelligence
 from agentd.events import LOG_INTEL_ERROR, LOG_INTEL_FAILOVER
 from agentd.intel.base import Completion, CompletionRequest, IntelError, IntelErrorKind
@@ -43,8 +44,9 @@ from agentd.intel.wire import (
     decode_json,
 )
 from agentd.messages import MessageError, validate_request
+from agentd.redact import redact_url
 
-__all__ = ["HTTPProvider", "Retryable", "StreamReader", "redact_url"]
+__all__ = ["HTTPProvider", "Retryable", "StreamReader"]
 
 T = TypeVar("T")
 
@@ -72,19 +74,6 @@ class StreamReader(Protocol):
     def finish(self) -> ChatResult:
         """The body ended: the answer, or IncompleteStream/WireError/RemoteError."""
         ...
-
-
-def redact_url(url: str) -> str:
-    """An endpoint URL fit for logs and errors: no userinfo, no query string, no fragment."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = f"{host}:{parts.port}" if parts.port else host
-    except ValueError:
-        return "<invalid endpoint URL>"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def join_url(base: str, path: str) -> str:
@@ -225,7 +214,7 @@ class HTTPProvider:
                 reader = self.stream_reader(id_prefix)
                 chunks = response.aiter_bytes()
                 async for data in chunks:
-                    if self._checked(lambda: reader.feed(data)):
+                    if self._checked(functools.partial(reader.feed, data)):
                         await _drain(chunks)
                         break
                 return self._checked(reader.finish)
@@ -233,7 +222,15 @@ class HTTPProvider:
                 with anyio.CancelScope(shield=True):  # release the connection even when cancelled
                     await response.aclose()
 
-    async def _send(self, method: str, url: str, body: bytes | None, timeout: httpx.Timeout, *, stream: bool) -> httpx.Response:
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        timeout: httpx.Timeout,  # noqa: ASYNC109 - httpx's per-phase timeouts, not a deadline for this coroutine
+        *,
+        stream: bool,
+    ) -> httpx.Response:
         headers = self._headers(stream)
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -437,9 +434,7 @@ class _TransportErrors:
 
 def _errno_text(exc: httpx.HTTPError) -> str:
     """'connection refused' and the like, from the OSError under an httpx error."""
-    cause: BaseException | None = exc
-    while cause is not None:
+    for cause in iter_causes(exc):
         if isinstance(cause, OSError) and (cause.errno or cause.strerror):
             return (os.strerror(cause.errno) if cause.errno else str(cause.strerror)).lower()
-        cause = cause.__cause__ or cause.__context__
     return type(exc).__name__

@@ -17,7 +17,6 @@ from urllib.parse import urlsplit
 
 from agentd.intel.base import CompletionRequest
 from agentd.intel.http import HTTPProvider, StreamReader, join_url
-from agentd.intel.streams import SSEParser
 from agentd.intel.wire import ChatResult, RemoteError, WireError, decode_json
 from agentd.intel.wire_openai import (
     OpenAIStream,
@@ -27,6 +26,7 @@ from agentd.intel.wire_openai import (
     openai_remote_error,
     openai_response,
 )
+from agentd.sse import SSEParser
 
 __all__ = ["OpenAIProvider", "SSEReader"]
 
@@ -52,8 +52,9 @@ class SSEReader:
         return self._stream.saw_done
 
     def finish(self) -> ChatResult:
-        for event in self._events.finish():
-            self._take(event.event, event.data)
+        # An event the body's end cut off is discarded (WHATWG): if it carried the finish or [DONE],
+        # result() raises IncompleteStream, so a truncated stream fails and is never a short answer.
+        self._events.finish()
         if self._received and not self._any_event and not self._events.truncated and not self._events.saw_line:
             raise WireError("the response is not an SSE stream")  # bytes came, but nothing SSE-shaped
         return self._stream.result()

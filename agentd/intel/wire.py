@@ -1,7 +1,7 @@
 """What the Ollama and OpenAI wire conversions share: results, errors, options, ids, think tags.
 
 Everything here is pure. ``wire_ollama`` and ``wire_openai`` build requests and read responses with
-these helpers; the providers add the I/O. See rfcs/0005-providers.md for the choices made here.
+these helpers; the providers add the I/O. See RFC 0005 §3 for the choices made here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Ollama ``/api/chat`` ⇄ agentd messages (spec/wire.md, "Ollama native"). Pure: no I/O.
+"""Ollama ``/api/chat`` ⇄ agentd messages (RFC 0005 §2, "Ollama native"). Pure: no I/O.
 
-Choices (rfcs/0005-providers.md): tool calls go out with their ids and tool results with
+Choices (RFC 0005 §3): tool calls go out with their ids and tool results with
 ``tool_call_id`` as well as ``tool_name`` — servers before 0.12.10 ignore both and pair by name and
 order, which the order we keep preserves. Thinking goes back in ``thinking``. A system message's
 ``name`` is agentd bookkeeping and is not sent; user and assistant names are.

@@ -1,6 +1,6 @@
-"""OpenAI ``/v1/chat/completions`` ⇄ agentd messages (spec/wire.md, "OpenAI-compatible"). Pure.
+"""OpenAI ``/v1/chat/completions`` ⇄ agentd messages (RFC 0005 §2, "OpenAI-compatible"). Pure.
 
-Choices (rfcs/0005-providers.md): tool calls go out with ``arguments`` as a JSON string of the
+Choices (RFC 0005 §3): tool calls go out with ``arguments`` as a JSON string of the
 parsed object (an invalid original is never replayed); tool results carry ``tool_call_id`` only,
 and their name is recovered from the call on the way back. Thinking is read from
 ``reasoning_content`` (vLLM, DeepSeek) or ``reasoning`` (Ollama's compat layer, OpenRouter) but

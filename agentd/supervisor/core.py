@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from agentd import __version__, events
+from agentd.budget import TurnStatus
 from agentd.config import (
     Config,
     ConfigError,
@@ -28,11 +29,11 @@ from agentd.config import (
     quickstart_config,
     resolve_swap_policy,
 )
-from agentd.budget import TurnStatus
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
 from agentd.protocol import Spawn, SwapIntel
-from agentd.store import Store, StoredSession, StoredTurn, StoreError
+from agentd.records import StartedTurn
+from agentd.store import Store, StoredSession, StoreError
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.reload import ReloadCoordinator, plan_reload, sessions_to_swap
 from agentd.supervisor.session import PendingTurn, SessionRuntime
@@ -48,9 +49,8 @@ from agentd.views import (
     SessionSummary,
     SessionView,
     StatusView,
-    TurnView,
     entry_from_message,
-    iso,
+    turn_view,
 )
 
 __all__ = ["ApiError", "Supervisor", "load_daemon_config"]
@@ -108,7 +108,7 @@ class Supervisor:
                  pending=sum(1 for r in self.sessions.values() if r.pending is not None))
         return len(restored)
 
-    def _runtime_from_store(self, stored: StoredSession, pending: StoredTurn | None) -> SessionRuntime:
+    def _runtime_from_store(self, stored: StoredSession, pending: StartedTurn | None) -> SessionRuntime:
         transcript = [e.message for e in stored.transcript if pending is None or e.message.turn != pending.id]
         state = "failed" if stored.state == "failed" else "idle"
         runtime = SessionRuntime(self, stored.id, stored.assistant, state, stored.generation, stored.model, transcript)
@@ -375,7 +375,7 @@ class Supervisor:
             generation=runtime.generation if runtime else stored.generation,
             model=runtime.model if runtime else stored.model,
             transcript=[entry_from_message(e.seq, e.message) for e in stored.transcript],
-            turns=[_turn_view(t) for t in stored.turns],
+            turns=[turn_view(t) for t in stored.turns],
         )
 
     def _open_runtime(self, session_id: str) -> SessionRuntime:
@@ -422,13 +422,9 @@ class Supervisor:
         return turn
 
     async def _turn_result(self, session_id: str, turn: PendingTurn) -> MessageResult:
-        # started_at is when the supervisor accepted the turn — as stored, and as GET /v1/sessions shows.
-        done = turn.result
-        assert done is not None
-        view = TurnView(id=done.turn, status=done.status.value, models=done.models, steps=done.steps,
-                        restarts=done.restarts, discarded=done.discarded, usage=done.usage,
-                        started_at=iso(turn.started_at), ended_at=iso(done.ended_at), error=done.error)
-        return MessageResult(turn=view, messages=turn.entries)
+        # The record as stored, so this answer and GET /v1/sessions show the same turn (same started_at).
+        assert turn.result is not None
+        return MessageResult(turn=turn_view(turn.result), messages=turn.entries)
 
     def subscribe(self, session_id: str) -> Any:
         return self._open_runtime(session_id).subscribe()
@@ -449,11 +445,3 @@ class Supervisor:
         log.info("session.closed", session=session_id)
         return SessionSummary(id=session_id, assistant=runtime.assistant, state="closed",
                               generation=runtime.generation, model=runtime.model)
-
-
-def _turn_view(turn: StoredTurn) -> TurnView:
-    return TurnView(
-        id=turn.id, status=turn.status, models=turn.models, steps=turn.steps, restarts=turn.restarts,
-        discarded=turn.discarded, usage=turn.usage, started_at=iso(turn.started_at), ended_at=iso(turn.ended_at),
-        error=turn.error,
-    )

@@ -1,7 +1,7 @@
 """A child OS process as the supervisor sees it: spawn, handshake, frames, and the kill ladder.
 
 The control channel is one end of a unix socketpair, inherited by the child as a dedicated fd
-(stdout stays free). The kill ladder is DESIGN §9's: ``Shutdown{grace}`` → SIGTERM after the
+(stdout stays free). The kill ladder is RFC 0003 §2's: ``Shutdown{grace}`` → SIGTERM after the
 grace → SIGKILL 2 s later → reap. Reaping always happens, so no zombie is left.
 """
 

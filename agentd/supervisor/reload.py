@@ -1,4 +1,4 @@
-"""Reload (DESIGN §4): the pure config diff, and the coordinator that serializes and coalesces reloads.
+"""Reload (RFC 0003 §4): the pure config diff, and the coordinator that serializes and coalesces reloads.
 
 ``plan_reload`` says what a new config changes: the changed field paths, the restart-only paths
 (kept at their old values), and which assistants' effective intelligence changed — the input of

@@ -10,8 +10,10 @@ a new message resumes it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,9 +41,10 @@ from agentd.protocol import (
     TurnDiscarded,
     TurnDone,
 )
+from agentd.records import SessionState, TurnRecord
 from agentd.store import StoreError
 from agentd.supervisor.process import ChildProcess, SpawnError
-from agentd.views import Entry, SessionState, entry_from_message
+from agentd.views import Entry, entry_from_message, turn_done_event
 
 if TYPE_CHECKING:
     from agentd.supervisor.core import Supervisor
@@ -67,7 +70,7 @@ class PendingTurn:
     started_at: float
     stored: bool = False  # its input is in the store: only then may it be delivered
     done: anyio.Event = field(default_factory=anyio.Event)
-    result: TurnDone | None = None
+    result: TurnRecord | None = None  # as committed (or, for a turn ended without results, as abandoned)
     entries: list[Entry] = field(default_factory=list)  # what the turn added, as the API shows it
     sent_to: ChildProcess | None = None  # the child it was delivered to (delivered once per child)
     cancel_requested: bool = False
@@ -300,10 +303,9 @@ class SessionRuntime:
         child = self.child
         if child is None:
             return
-        try:
+        # A child that is gone is respawned by the session task, which re-sends the pending turn.
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             await child.send(frame)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass  # the child is gone; the session task respawns it and re-sends the pending turn
 
     async def send_swap(self, frame: SwapIntel) -> bool:
         """Send a SwapIntel if a child is up; False when none is (a new child starts on the newest generation)."""
@@ -339,7 +341,8 @@ class SessionRuntime:
             case TurnDone():
                 await self._on_turn_done(frame)
             case TurnDiscarded():
-                log.info(events.LOG_TURN_DISCARDED, session=self.id, turn=frame.turn, model=frame.model, steps=frame.steps)
+                log.info(events.LOG_TURN_DISCARDED, session=self.id, turn=frame.turn, model=frame.attempt.model,
+                         steps=frame.attempt.steps)
             case SwapAck(generation=generation):
                 self.child_generation = max(self.child_generation, generation)
                 self.host.swap_acked(self, generation)
@@ -356,27 +359,33 @@ class SessionRuntime:
                 raise ProtocolError(f"unexpected frame {type(frame).__name__!r} from child")
 
     async def _on_turn_done(self, done: TurnDone) -> None:
-        pending = self.pending
-        if pending is None or pending.id != done.turn:
-            log.warning("turn.unexpected", session=self.id, turn=done.turn)
+        pending, turn_id = self.pending, done.record.id
+        if pending is None or pending.id != turn_id or done.session != self.id:
+            log.warning("turn.unexpected", session=self.id, turn=turn_id, for_session=done.session)
             return
         with anyio.CancelScope(shield=True):  # a turn's results are committed whatever else happens
             model = self.host.model_of(done.assistant, self.model) if done.assistant != self.assistant else None
             try:
-                seqs = await self.host.store.commit_turn(self.id, done, transcript=done.transcript, model=model)
+                committed = await self.host.store.commit_turn(self.id, done.record, assistant=done.assistant,
+                                                              messages=done.messages, transcript=done.transcript,
+                                                              model=model)
             except StoreError as exc:
-                log.error("turn.commit_failed", session=self.id, turn=done.turn, error=str(exc))
+                log.error("turn.commit_failed", session=self.id, turn=turn_id, error=str(exc))
                 return
-            if done.transcript is not None:  # a transfer rewrote the history
-                self.transcript = list(done.transcript)
-                pending.entries = [entry_from_message(seq, m) for seq, m in zip(seqs, done.transcript, strict=True)
-                                   if m.turn == done.turn and not isinstance(m, UserMessage)]
-            else:
-                self.transcript = self.transcript + ([pending.message] if pending.message else []) + list(done.messages)
-                pending.entries = [entry_from_message(seq, m) for seq, m in zip(seqs, done.messages, strict=True)]
-            if model is not None:  # a transfer: the session now runs on the destination's model
-                self.assistant, self.model = done.assistant, model
-        self._finish(pending, done)
+            self._adopt(pending, done, committed.seqs, model)
+        self._finish(pending, committed.record)
+
+    def _adopt(self, pending: PendingTurn, done: TurnDone, seqs: Sequence[int], model: str | None) -> None:
+        """Take a committed turn in: the session's transcript, the turn's entries, and a transfer's assistant."""
+        if done.transcript is not None:  # a transfer rewrote the history
+            self.transcript = list(done.transcript)
+            pending.entries = [entry_from_message(seq, m) for seq, m in zip(seqs, done.transcript, strict=True)
+                               if m.turn == done.record.id and not isinstance(m, UserMessage)]
+        else:
+            self.transcript = self.transcript + ([pending.message] if pending.message else []) + list(done.messages)
+            pending.entries = [entry_from_message(seq, m) for seq, m in zip(seqs, done.messages, strict=True)]
+        if model is not None:  # a transfer: the session now runs on the destination's model
+            self.assistant, self.model = done.assistant, model
 
     async def fail(self, error: str) -> None:
         """Mark the session failed (kept, visible, resumable by a new message); its waiting turn ends failed."""
@@ -400,26 +409,21 @@ class SessionRuntime:
             except StoreError as exc:  # e.g. its results were committed meanwhile: nothing to abandon
                 log.warning("turn.abandon_failed", session=self.id, turn=pending.id, error=str(exc))
         if pending.message is not None:
-            self.transcript = self.transcript + [pending.message]
-        done = TurnDone(session=self.id, turn=pending.id, status=status, assistant=self.assistant,
-                        started_at=pending.started_at, ended_at=now, error=error)
-        self._finish(pending, done)
+            self.transcript = [*self.transcript, pending.message]
+        self._finish(pending, TurnRecord(id=pending.id, status=status, started_at=pending.started_at, ended_at=now,
+                                         error=error))
 
-    def _finish(self, pending: PendingTurn, done: TurnDone) -> None:
+    def _finish(self, pending: PendingTurn, record: TurnRecord) -> None:
+        """The turn has ended (``record`` as stored): free the session, count it, tell subscribers and the waiter."""
         self.pending = None
         self.intel_waiting = False
         if self.state != "failed":
             self.state = "idle"
-        pending.result = done
-        self.host.metrics.turns.labels(status=done.status.value).inc()
-        self.host.metrics.turn_seconds.observe(max(0.0, done.ended_at - done.started_at))
-        log.info(events.LOG_TURN_DONE, session=self.id, turn=done.turn, status=done.status.value, models=done.models,
-                 restarts=done.restarts, steps=done.steps)
-        entries = [msgspec.to_builtins(entry) for entry in pending.entries]
-        self.publish(events.TURN_DONE, done.turn, {
-            "status": done.status.value, "models": done.models, "steps": done.steps, "restarts": done.restarts,
-            "discarded": msgspec.to_builtins(done.discarded), "usage": msgspec.to_builtins(done.usage),
-            "error": done.error, "messages": entries,
-        })
+        pending.result = record
+        self.host.metrics.turns.labels(status=record.status.value).inc()
+        self.host.metrics.turn_seconds.observe(max(0.0, record.ended_at - record.started_at))
+        log.info(events.LOG_TURN_DONE, session=self.id, turn=record.id, status=record.status.value,
+                 models=list(record.models), restarts=record.restarts, steps=record.steps)
+        self.publish(events.TURN_DONE, record.id, turn_done_event(record, pending.entries))
         pending.done.set()
         self.host.turn_finished()

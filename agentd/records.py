@@ -1,0 +1,65 @@
+"""The records of sessions and turns: the one definition the child, the store and the API share.
+
+A finished turn is a ``TurnRecord``: the child sends it inside ``TurnDone``, the store commits it
+and gives it back, the API renders it (``agentd.views.turn_view``). A turn that has started and
+not ended is a ``StartedTurn`` (status ``pending``). ``SessionState`` is here rather than in the
+views so the store can check states without depending on the HTTP bodies.
+
+Dependencies point one way: this module needs only ``agentd.budget`` and ``agentd.messages``;
+``agentd.protocol``, ``agentd.store`` and ``agentd.views`` import it, never the reverse.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import msgspec
+
+from agentd.budget import TurnStatus, Usage
+from agentd.messages import UserMessage
+
+__all__ = ["PENDING", "Discarded", "SessionState", "StartedTurn", "TurnRecord"]
+
+SessionState = Literal["idle", "running", "failed", "closed"]
+
+#: The status of a turn that has started and has not ended (never a TurnStatus: no turn ends pending).
+PENDING: Final = "pending"
+
+
+class Discarded(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A turn attempt thrown away by restart-turn: the model it ran on, its steps, why, what it spent."""
+
+    model: str
+    steps: int
+    reason: str
+    usage: Usage = Usage()
+
+
+class TurnRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A finished turn: how it ended, on which models, and what it spent (discarded attempts included).
+
+    ``started_at`` and ``ended_at`` are epoch seconds. In a committed record ``started_at`` is when
+    the supervisor accepted the turn; in a ``TurnDone`` it is when the child started running it.
+    """
+
+    id: str
+    status: TurnStatus
+    models: tuple[str, ...] = ()
+    steps: int = 0
+    restarts: int = 0
+    discarded: tuple[Discarded, ...] = ()
+    usage: Usage = Usage()
+    started_at: float
+    ended_at: float
+    error: str | None = None
+
+
+class StartedTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """A turn that has started and not ended: its input is stored, its outcome is not.
+
+    ``message`` is None for an opener turn (the assistant speaks first).
+    """
+
+    id: str
+    message: UserMessage | None
+    started_at: float

@@ -1,0 +1,26 @@
+"""URLs fit for error messages and logs: the one place that decides what of a URL may be shown."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = ["redact_url"]
+
+
+def redact_url(url: str) -> str:
+    """``url`` without the parts that may carry secrets: userinfo, query string and fragment.
+
+    Credentials are put in ``user:password@`` and tokens in ``?key=…`` often enough that neither
+    is ever shown; scheme, host, port and path are kept so the message still says where. A URL
+    that cannot be parsed (a bad port, a malformed IPv6 host) is not echoed at all, since the
+    secret could be anywhere in it.
+    """
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"  # an IPv6 literal: hostname dropped the brackets the netloc needs
+        netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    except ValueError:
+        return "<invalid URL>"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))

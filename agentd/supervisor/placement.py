@@ -1,0 +1,168 @@
+"""Where a session runs and how big the pool is: pure decisions over snapshots of the children.
+
+The pool (``agentd.supervisor.pool``) owns the processes; this module only decides. Every function
+takes frozen snapshots and settings and returns a verdict, so the rules are unit-tested without a
+process (``tests/test_placement.py``). The rules, from rfcs/0006-pool.md:
+
+- A child is *active* (it takes new sessions), *spare* (started and ready, held back so that a new
+  or replacement child never costs a cold start on a request's path), *starting*, *draining*
+  (takes nothing new; retired once its turns end) or *quarantine* (hosts exactly one session
+  that was in flight during repeated crashes).
+- A session is placed on the least-loaded active child with room (``sessions_per_child``); when
+  every active child is full, a spare is promoted (or a child that is starting to become one);
+  when there is none, a child is started, up to ``max_children``; beyond that the session waits
+  for room.
+- The pool keeps ``children`` active children and ``spare_children`` spares, never more than
+  ``max_children`` processes besides quarantine children; surplus empty children are retired.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Sequence
+
+import msgspec
+
+__all__ = [
+    "ChildRole",
+    "ChildSnapshot",
+    "Placement",
+    "PoolPlan",
+    "PoolSize",
+    "effective_children",
+    "place",
+    "plan_pool",
+]
+
+
+class ChildRole(enum.StrEnum):
+    """What the pool uses a child for (see the module docstring)."""
+
+    STARTING = "starting"
+    SPARE = "spare"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    QUARANTINE = "quarantine"
+
+
+class ChildSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """One child as a decision sees it: its role, how many sessions it hosts and runs turns for."""
+
+    id: str
+    role: ChildRole
+    loaded: int = 0
+    in_flight: int = 0
+
+
+class PoolSize(msgspec.Struct, frozen=True, kw_only=True):
+    """The ``[supervisor]`` pool settings with ``children = 0`` already resolved (see effective_children)."""
+
+    children: int
+    sessions_per_child: int
+    max_children: int
+    spare_children: int
+
+
+def effective_children(configured: int, cpus: int | None = None) -> int:
+    """``children = 0`` means the number of CPUs; the pool never has fewer than 2 active children."""
+    if configured > 0:
+        return configured
+    return max(2, cpus if cpus is not None else (os.cpu_count() or 2))
+
+
+class Placement(msgspec.Struct, frozen=True, kw_only=True):
+    """Where to load a session: on ``child``; or promote ``promote`` (a spare); or ``spawn`` one; or wait."""
+
+    child: str | None = None
+    promote: str | None = None
+    spawn: bool = False
+
+    @property
+    def waits(self) -> bool:
+        """No room anywhere and the pool is at ``max_children``: the session waits for a child to free up."""
+        return self.child is None and self.promote is None and not self.spawn
+
+
+def _counted(children: Sequence[ChildSnapshot]) -> int:
+    """Processes that count against ``max_children`` (quarantine children are extra, by design)."""
+    return sum(1 for c in children if c.role is not ChildRole.QUARANTINE)
+
+
+def place(children: Sequence[ChildSnapshot], size: PoolSize, *, quarantined: bool = False) -> Placement:
+    """Choose the child a session is loaded on (it stays there while it is active: sticky).
+
+    Least loaded first (fewest sessions, then fewest turns in flight, then the oldest id, so the
+    choice is deterministic). A quarantined session always gets a child of its own.
+    """
+    if quarantined:
+        return Placement(spawn=True)
+    room = [c for c in children if c.role is ChildRole.ACTIVE and c.loaded < size.sessions_per_child]
+    if room:
+        best = min(room, key=lambda c: (c.loaded, c.in_flight, c.id))
+        return Placement(child=best.id)
+    # A ready spare first; else a child still starting (it was going to be a spare): waiting for
+    # it beats starting one more.
+    spares = sorted(c.id for c in children if c.role is ChildRole.SPARE)
+    starting = sorted(c.id for c in children if c.role is ChildRole.STARTING)
+    if spares or starting:
+        return Placement(promote=(spares or starting)[0])
+    if _counted(children) < size.max_children:
+        return Placement(spawn=True)
+    return Placement()
+
+
+class PoolPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What the pool should do now: start ``spawn`` children, promote spares, drain or retire some.
+
+    ``drain``: stop placing sessions there; unload its idle sessions, let its turns end.
+    ``retire``: an empty child to shut down now.
+    """
+
+    spawn: int = 0
+    promote: tuple[str, ...] = ()
+    drain: tuple[str, ...] = ()
+    retire: tuple[str, ...] = ()
+
+
+def plan_pool(children: Sequence[ChildSnapshot], size: PoolSize) -> PoolPlan:
+    """Bring the pool towards ``children`` active plus ``spare_children`` spares, within ``max_children``.
+
+    - Too few active children (at start, after a crash, after ``children`` grew): promote spares,
+      then start children for the rest.
+    - Too few spares: start more, if ``max_children`` allows.
+    - Too many: surplus spares and empty active children beyond ``children`` are retired (a child
+      the pool grew for load leaves once idle unloads have emptied it). Above ``max_children`` (a
+      reload lowered it) the least-loaded children are drained: they take nothing new, their idle
+      sessions are unloaded, and they are retired once their turns have ended, so a shrink never
+      cuts a turn.
+    - A draining child that is empty is retired.
+    """
+    active = [c for c in children if c.role is ChildRole.ACTIVE]
+    spares = sorted((c for c in children if c.role is ChildRole.SPARE), key=lambda c: c.id)
+    starting = sum(1 for c in children if c.role is ChildRole.STARTING)
+    counted = _counted(children)
+    cap = max(size.max_children, size.children)
+
+    promote: list[str] = []
+    missing_active = size.children - len(active)
+    while missing_active > 0 and spares:
+        promote.append(spares.pop(0).id)
+        missing_active -= 1
+    # Children being started become spares (or active, by promotion) once Ready: count them once.
+    wanted_new = max(0, missing_active) + size.spare_children - len(spares) - starting
+    spawn = max(0, min(wanted_new, cap - counted))
+
+    retire = [c.id for c in children if c.role is ChildRole.DRAINING and c.loaded == 0 and c.in_flight == 0]
+    surplus_spares = len(spares) - size.spare_children
+    if surplus_spares > 0:
+        retire += [c.id for c in spares[-surplus_spares:]]
+    # Active children beyond ``children`` exist because load grew the pool: they stay while they
+    # host sessions and are retired once idle unloads have emptied them.
+    by_load = sorted(active, key=lambda c: (c.loaded, c.in_flight, c.id))
+    empty = [c.id for c in by_load if c.loaded == 0 and c.in_flight == 0]
+    retire += empty[: max(0, len(active) - size.children)]
+    # Above max_children (a reload lowered it): the least-loaded loaded children drain.
+    over_cap = counted - len(retire) - cap
+    drain = [c.id for c in by_load if c.id not in retire][: max(0, over_cap)]
+    return PoolPlan(spawn=spawn, promote=tuple(promote), drain=tuple(drain), retire=tuple(retire))

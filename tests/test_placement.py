@@ -1,0 +1,158 @@
+"""Placement, pool size and crash blame as pure decisions (agentd/supervisor/placement.py, blame.py)."""
+
+from __future__ import annotations
+
+from agentd.supervisor.blame import MAX_CRASHES, CrashVerdict, blame, rerun_allowed
+from agentd.supervisor.placement import (
+    ChildRole,
+    ChildSnapshot,
+    PoolPlan,
+    PoolSize,
+    effective_children,
+    place,
+    plan_pool,
+)
+
+SIZE = PoolSize(children=2, sessions_per_child=3, max_children=4, spare_children=1)
+
+
+def child(id: str, role: ChildRole = ChildRole.ACTIVE, loaded: int = 0, in_flight: int = 0) -> ChildSnapshot:
+    return ChildSnapshot(id=id, role=role, loaded=loaded, in_flight=in_flight)
+
+
+# --------------------------------------------------------------------------- children = 0
+
+
+def test_children_zero_is_the_cpu_count_but_at_least_two() -> None:
+    assert effective_children(0, cpus=8) == 8
+    assert effective_children(0, cpus=1) == 2
+    assert effective_children(3, cpus=8) == 3
+
+
+# --------------------------------------------------------------------------- place
+
+
+def test_least_loaded_active_child_wins_then_fewest_in_flight_then_oldest_id() -> None:
+    pool = [child("c2", loaded=2), child("c1", loaded=1, in_flight=1), child("c3", loaded=1)]
+    assert place(pool, SIZE).child == "c3"
+    assert place([child("c2", loaded=1), child("c1", loaded=1)], SIZE).child == "c1"
+
+
+def test_spares_starting_and_draining_children_take_no_session_while_an_active_one_has_room() -> None:
+    pool = [child("c1", loaded=2), child("s", ChildRole.SPARE), child("d", ChildRole.DRAINING),
+            child("n", ChildRole.STARTING)]
+    assert place(pool, SIZE).child == "c1"
+
+
+def test_every_active_child_full_promotes_a_spare() -> None:
+    pool = [child("c1", loaded=3), child("c2", loaded=3), child("s2", ChildRole.SPARE), child("s1", ChildRole.SPARE)]
+    assert place(pool, SIZE).promote == "s1"
+
+
+def test_a_child_still_starting_is_promoted_before_another_is_started() -> None:
+    pool = [child("c1", loaded=3), child("c2", loaded=3), child("n1", ChildRole.STARTING)]
+    assert place(pool, SIZE).promote == "n1"
+    assert place([*pool, child("s1", ChildRole.SPARE)], SIZE).promote == "s1"  # a ready spare first
+
+
+def test_no_spare_spawns_until_max_children_then_waits() -> None:
+    full = [child("c1", loaded=3), child("c2", loaded=3)]
+    assert place(full, SIZE).spawn
+    at_cap = [*full, child("c3", loaded=3), child("c4", loaded=3)]
+    verdict = place(at_cap, SIZE)
+    assert verdict.waits and not verdict.spawn
+
+
+def test_quarantine_children_do_not_count_against_max_children() -> None:
+    pool = [child("c1", loaded=3), child("c2", loaded=3), child("c3", loaded=3),
+            child("q", ChildRole.QUARANTINE, loaded=1)]
+    assert place(pool, SIZE).spawn
+
+
+def test_a_quarantined_session_always_gets_a_child_of_its_own() -> None:
+    assert place([child("c1")], SIZE, quarantined=True).spawn
+
+
+def test_one_session_per_child_is_a_process_per_loaded_session() -> None:
+    isolated = PoolSize(children=2, sessions_per_child=1, max_children=64, spare_children=1)
+    assert place([child("c1", loaded=1), child("c2")], isolated).child == "c2"
+    assert place([child("c1", loaded=1), child("c2", loaded=1)], isolated).spawn
+
+
+# --------------------------------------------------------------------------- plan_pool
+
+
+def test_an_empty_pool_starts_its_children_and_spares() -> None:
+    assert plan_pool([], SIZE) == PoolPlan(spawn=3)
+
+
+def test_children_being_started_are_not_started_twice() -> None:
+    pool = [child("n1", ChildRole.STARTING), child("n2", ChildRole.STARTING), child("n3", ChildRole.STARTING)]
+    assert plan_pool(pool, SIZE) == PoolPlan()
+
+
+def test_a_lost_active_child_is_replaced_by_a_spare_and_the_spare_by_a_new_child() -> None:
+    pool = [child("c1", loaded=1), child("s1", ChildRole.SPARE)]
+    assert plan_pool(pool, SIZE) == PoolPlan(spawn=1, promote=("s1",))
+
+
+def test_growth_never_passes_max_children() -> None:
+    pool = [child(f"c{i}", loaded=3) for i in range(4)]
+    assert plan_pool(pool, SIZE) == PoolPlan()
+
+
+def test_a_shrink_retires_empty_children_and_keeps_those_with_sessions() -> None:
+    smaller = PoolSize(children=1, sessions_per_child=3, max_children=4, spare_children=0)
+    pool = [child("c1", loaded=2), child("c2", loaded=1, in_flight=1), child("c3"), child("s1", ChildRole.SPARE)]
+    plan = plan_pool(pool, smaller)
+    assert set(plan.retire) == {"c3", "s1"}
+    assert plan.drain == () and plan.spawn == 0
+
+
+def test_lowering_max_children_drains_the_least_loaded_children_with_sessions() -> None:
+    capped = PoolSize(children=1, sessions_per_child=3, max_children=1, spare_children=0)
+    pool = [child("c1", loaded=2), child("c2", loaded=1, in_flight=1), child("c3", loaded=3)]
+    plan = plan_pool(pool, capped)
+    assert plan.drain == ("c2", "c1") and plan.retire == ()
+
+
+def test_a_draining_child_is_retired_once_empty() -> None:
+    pool = [child("c1"), child("c2"), child("s1", ChildRole.SPARE), child("d", ChildRole.DRAINING),
+            child("d2", ChildRole.DRAINING, loaded=1)]
+    assert plan_pool(pool, SIZE).retire == ("d",)
+
+
+def test_surplus_spares_are_retired() -> None:
+    pool = [child("c1"), child("c2"), child("s1", ChildRole.SPARE), child("s2", ChildRole.SPARE)]
+    assert plan_pool(pool, SIZE).retire == ("s2",)
+
+
+# --------------------------------------------------------------------------- blame
+
+
+def test_first_crash_reruns_second_within_the_window_quarantines() -> None:
+    first = blame((), now=100.0)
+    assert first.verdict is CrashVerdict.RERUN and first.crashes == (100.0,)
+    second = blame(first.crashes, now=130.0)
+    assert second.verdict is CrashVerdict.QUARANTINE
+
+
+def test_crashes_older_than_the_window_are_forgotten() -> None:
+    assert blame((10.0,), now=100.0).verdict is CrashVerdict.RERUN
+
+
+def test_more_than_max_crashes_in_the_window_fails_the_session() -> None:
+    crashes: tuple[float, ...] = ()
+    verdicts = []
+    for i in range(MAX_CRASHES + 1):
+        result = blame(crashes, now=float(i))
+        crashes = result.crashes
+        verdicts.append(result.verdict)
+    assert verdicts[:2] == [CrashVerdict.RERUN, CrashVerdict.QUARANTINE]
+    assert verdicts[MAX_CRASHES - 1] is CrashVerdict.QUARANTINE
+    assert verdicts[MAX_CRASHES] is CrashVerdict.FAIL
+
+
+def test_a_rerun_starts_only_inside_the_turns_first_deadline() -> None:
+    assert rerun_allowed(started_at=1000.0, deadline=120.0, now=1119.0)
+    assert not rerun_allowed(started_at=1000.0, deadline=120.0, now=1120.0)

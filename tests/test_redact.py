@@ -1,0 +1,56 @@
+"""agentd.redact.redact_url: what of a URL an error message or a log line may show."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentd.client import AgentdClient
+from agentd.redact import redact_url
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://user:pw@127.0.0.1:8400/v1", "http://127.0.0.1:8400/v1"),
+        ("https://sk-token@api.example.com/v1", "https://api.example.com/v1"),
+        ("https://:pw@api.example.com", "https://api.example.com"),
+        ("https://api.example.com/v1?api_key=sk-123&x=1", "https://api.example.com/v1"),
+        ("https://api.example.com/v1#token=abc", "https://api.example.com/v1"),
+        ("http://u:p@[::1]:8000/v1?k=v", "http://[::1]:8000/v1"),
+        ("http://[fe80::1]/", "http://[fe80::1]/"),
+        ("http://u:p%40ss@host/", "http://host/"),  # an escaped "@" in the password
+        ("http://u:p@ss@host/", "http://host/"),  # an unescaped one: the host is after the last "@"
+    ],
+)
+def test_secrets_are_removed_and_where_is_kept(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8400", "http://localhost/path/x", "https://api.openai.com/v1", "http://h:0/"]
+)
+def test_a_url_without_secrets_is_unchanged(url: str) -> None:
+    assert redact_url(url) == url
+
+
+@pytest.mark.parametrize("url", ["http://u:s3cret@host:99999/", "http://u:s3cret@host:port/", "http://u:s3cret@[::1/"])
+def test_an_unparsable_url_is_not_echoed(url: str) -> None:
+    assert redact_url(url) == "<invalid URL>"
+
+
+_secret = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~", min_size=1, max_size=12).map(lambda s: "Q" + s)
+
+
+@given(_secret, _secret, _secret)
+def test_no_secret_survives_in_any_place(user: str, password: str, token: str) -> None:
+    redacted = redact_url(f"https://{user}:{password}@models.example:8443/v1/chat?key={token}#{token}")
+    assert redacted == "https://models.example:8443/v1/chat"
+
+
+def test_the_cli_client_names_its_daemon_with_it() -> None:
+    with AgentdClient(url="http://user:pw@127.0.0.1:8400/?token=abc") as client:
+        assert client.where == "http://127.0.0.1:8400/"
+        assert "pw" not in repr(client)
+        assert "abc" not in repr(client)
