@@ -109,8 +109,9 @@ def build_app(supervisor: Supervisor) -> Starlette:
                         continue
                     yield b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n"
 
-        return StreamingResponse(body(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
 
     async def metrics(_: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST

@@ -22,7 +22,15 @@ import msgspec
 
 from agentd import __version__, events
 from agentd.client import DEFAULT_STATE_DIR, AgentdClient, ClientError, DaemonNotRunning, EventStream
-from agentd.config import Config, ConfigError, ConfigIssue, effective_intelligence, load_config, parse_config, resolve_swap_policy
+from agentd.config import (
+    Config,
+    ConfigError,
+    ConfigIssue,
+    effective_intelligence,
+    load_config,
+    parse_config,
+    resolve_swap_policy,
+)
 from agentd.views import Accepted, Entry, MessageResult, ReloadResult, SessionView, StatusView
 
 __all__ = [
@@ -181,48 +189,72 @@ def build_parser() -> argparse.ArgumentParser:
             + f"  {TOKEN_ENV:<22} bearer token the --listen TCP listener requires"
         ),
     )
-    run.add_argument("--config", metavar="F", help=f"config file; default ./agentd.toml if it exists, else the built-in quickstart {_twin('--config')}")
     run.add_argument(
-        "--state-dir", metavar="D",
+        "--config",
+        metavar="F",
+        help=f"config file; default ./agentd.toml if it exists, else the built-in quickstart {_twin('--config')}",
+    )
+    run.add_argument(
+        "--state-dir",
+        metavar="D",
         help=f"directory for the socket, pid file and store; default the config's [server] state_dir, else ./.agentd {_twin('--state-dir')}",
     )
     run.add_argument(
-        "--model-swap", metavar="P",
+        "--model-swap",
+        metavar="P",
         help=f"swap policy: finish-on-old or restart-turn; default the config's model_swap, else finish-on-old {_twin('--model-swap')}",
     )
     run.add_argument(
-        "--listen", metavar="HOST:PORT",
+        "--listen",
+        metavar="HOST:PORT",
         help=f"also serve the API over TCP; requests need 'Authorization: Bearer ${TOKEN_ENV}' {_twin('--listen')}",
     )
     run.add_argument(
-        "--watch-config", action="store_true", default=None,
+        "--watch-config",
+        action="store_true",
+        default=None,
         help=f"reload when the config file changes {_twin('--watch-config')} (1/true/yes/on)",
     )
     run.add_argument(
-        "--log-format", choices=LOG_FORMATS, metavar="json|console",
+        "--log-format",
+        choices=LOG_FORMATS,
+        metavar="json|console",
         help=f"log lines as JSON or for people; default console on a TTY, else json {_twin('--log-format')}",
     )
-    run.add_argument("--log-level", metavar="L", help=f"one of {', '.join(LOG_LEVELS)}; default info {_twin('--log-level')}")
+    run.add_argument(
+        "--log-level", metavar="L", help=f"one of {', '.join(LOG_LEVELS)}; default info {_twin('--log-level')}"
+    )
     run.set_defaults(handler=cmd_run)
 
     # Flags shared by every command that talks to a running daemon.
     client = argparse.ArgumentParser(add_help=False)
-    client.add_argument("--state-dir", metavar="D", help=f"the daemon's state dir (its socket is D/agentd.sock); default ./.agentd {_twin('--state-dir')}")
     client.add_argument(
-        "--url", metavar="URL",
+        "--state-dir",
+        metavar="D",
+        help=f"the daemon's state dir (its socket is D/agentd.sock); default ./.agentd {_twin('--state-dir')}",
+    )
+    client.add_argument(
+        "--url",
+        metavar="URL",
         help=f"reach the daemon over TCP instead (e.g. http://127.0.0.1:8080), sending ${TOKEN_ENV} as a bearer token {_twin('--url')}",
     )
     client_epilog = f"Environment: AGENTD_STATE_DIR, AGENTD_URL, {TOKEN_ENV} (bearer token, used with --url)."
 
     reload = commands.add_parser(
-        "reload", parents=[client], formatter_class=formatter, epilog=client_epilog,
+        "reload",
+        parents=[client],
+        formatter_class=formatter,
+        epilog=client_epilog,
         help="reload the running daemon's config; exit 1 if rejected",
         description="Reload the running daemon's config and print the result; exit 1 if it was rejected.",
     )
     reload.set_defaults(handler=cmd_reload)
 
     status = commands.add_parser(
-        "status", parents=[client], formatter_class=formatter, epilog=client_epilog,
+        "status",
+        parents=[client],
+        formatter_class=formatter,
+        epilog=client_epilog,
         help="generation, effective swap policy and its source, children, sessions",
         description="Show the generation, the effective swap policy and its source, children and sessions.",
     )
@@ -230,31 +262,50 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(handler=cmd_status)
 
     chat = commands.add_parser(
-        "chat", parents=[client], formatter_class=formatter, epilog=client_epilog + " Ctrl-D ends the chat; Ctrl-C cancels a running turn.",
+        "chat",
+        parents=[client],
+        formatter_class=formatter,
+        epilog=client_epilog + " Ctrl-D ends the chat; Ctrl-C cancels a running turn.",
         help="interactive conversation; shows tool calls, transfers, swaps as they happen",
         description="Talk to an assistant line by line, seeing tool calls, transfers and swaps as they happen.",
     )
-    chat.add_argument("--assistant", metavar="A", help=f"assistant for a new session; default the config's first {_twin('--assistant')}")
-    chat.add_argument("--session", metavar="S", help=f"resume this session instead of creating one {_twin('--session')}")
+    chat.add_argument(
+        "--assistant",
+        metavar="A",
+        help=f"assistant for a new session; default the config's first {_twin('--assistant')}",
+    )
+    chat.add_argument(
+        "--session", metavar="S", help=f"resume this session instead of creating one {_twin('--session')}"
+    )
     chat.set_defaults(handler=cmd_chat)
 
     send = commands.add_parser(
-        "send", parents=[client], formatter_class=formatter, epilog=client_epilog,
+        "send",
+        parents=[client],
+        formatter_class=formatter,
+        epilog=client_epilog,
         help="one user message; prints the reply",
         description="Send one user message and print the reply. Without --session a new session is created and its id printed to stderr.",
     )
     send.add_argument("--session", metavar="S", help=f"session to talk in; default a new one {_twin('--session')}")
-    send.add_argument("--assistant", metavar="A", help=f"assistant for a new session (ignored with --session) {_twin('--assistant')}")
+    send.add_argument(
+        "--assistant", metavar="A", help=f"assistant for a new session (ignored with --session) {_twin('--assistant')}"
+    )
     send.add_argument("--image", metavar="FILE", action="append", default=[], help="attach an image file (repeatable)")
-    send.add_argument("text", metavar="TEXT", nargs="+", help="the message (several words are joined by spaces; '-' reads stdin)")
+    send.add_argument(
+        "text", metavar="TEXT", nargs="+", help="the message (several words are joined by spaces; '-' reads stdin)"
+    )
     send.set_defaults(handler=cmd_send)
 
     check = commands.add_parser(
-        "check-config", formatter_class=formatter,
+        "check-config",
+        formatter_class=formatter,
         help="validate a config file; exit 0, or 2 with every error",
         description="Validate a config file (schema, references, tools); exit 0, or 2 printing every error as `path: message`.",
     )
-    check.add_argument("file", metavar="F", nargs="?", help="the config file; default AGENTD_CONFIG, else ./agentd.toml")
+    check.add_argument(
+        "file", metavar="F", nargs="?", help="the config file; default AGENTD_CONFIG, else ./agentd.toml"
+    )
     check.add_argument("--json", action="store_true", help='print {"valid": ..., "errors": [{"path", "message"}]}')
     check.set_defaults(handler=cmd_check_config)
     return parser
@@ -351,7 +402,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
 def format_status(status: StatusView) -> list[str]:
     """``agentd status``'s table."""
     lines = [
-        f"agentd {status.version}  pid {status.pid}  generation {status.generation}" + ("  (draining)" if status.draining else ""),
+        f"agentd {status.version}  pid {status.pid}  generation {status.generation}"
+        + ("  (draining)" if status.draining else ""),
         f"model swap:  {status.model_swap.policy} (from {status.model_swap.source})",
         f"config:      {status.config_path or 'built-in quickstart'}",
         f"sessions:    {status.sessions.open} open, {status.sessions.failed} failed",
@@ -362,7 +414,13 @@ def format_status(status: StatusView) -> list[str]:
     lines.append("children:")
     header = ("PID", "STATE", "GEN", "RESTARTS", "SESSIONS")
     rows = [
-        (str(c.pid) if c.pid is not None else "-", c.state, str(c.generation), str(c.restarts), ", ".join(c.sessions) or "-")
+        (
+            str(c.pid) if c.pid is not None else "-",
+            c.state,
+            str(c.generation),
+            str(c.restarts),
+            ", ".join(c.sessions) or "-",
+        )
         for c in status.children
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
@@ -551,9 +609,16 @@ class _Chat:
                 try:
                     messages = msgspec.convert(data.get("messages") or [], list[Entry])
                 except msgspec.ValidationError as exc:
-                    raise ClientError(200, "bad_event", f"turn.done carries messages the client cannot read: {exc}") from None
+                    raise ClientError(
+                        200, "bad_event", f"turn.done carries messages the client cannot read: {exc}"
+                    ) from None
                 _print_reply(messages, self.assistant)
-                _print_turn_end(data.get("status"), list(data.get("models") or []), int(data.get("restarts") or 0), data.get("error"))
+                _print_turn_end(
+                    data.get("status"),
+                    list(data.get("models") or []),
+                    int(data.get("restarts") or 0),
+                    data.get("error"),
+                )
                 return True
         return False
 
@@ -590,7 +655,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
             opener = [e for e in session.transcript if e.role == "assistant" and e.content]
         else:
             session = client.get_session(session_id)
-            _out(f"resumed session {session.id} (assistant {session.assistant}, model {session.model}, {len(session.turns)} turns)", sys.stderr)
+            _out(
+                f"resumed session {session.id} (assistant {session.assistant}, model {session.model}, {len(session.turns)} turns)",
+                sys.stderr,
+            )
             opener = [e for e in session.transcript if e.role == "assistant" and e.content][-1:]
         for entry in opener:
             _out(f"{_speaker(entry, session.assistant)}: {entry.content}")

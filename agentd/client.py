@@ -124,7 +124,9 @@ class EventStream:
     def __enter__(self) -> EventStream:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -132,7 +134,9 @@ def _event_data(event: SSEEvent) -> dict[str, Any]:
     try:
         data = msgspec.json.decode(event.data)
     except msgspec.DecodeError:
-        raise ClientError(200, "bad_event", f"event {event.event!r} carries data that is not JSON: {event.data[:200]!r}") from None
+        raise ClientError(
+            200, "bad_event", f"event {event.event!r} carries data that is not JSON: {event.data[:200]!r}"
+        ) from None
     if not isinstance(data, dict):
         raise ClientError(200, "bad_event", f"event {event.event!r} carries JSON that is not an object")
     return data
@@ -195,7 +199,9 @@ class AgentdClient:
     def __enter__(self) -> AgentdClient:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     # ------------------------------------------------------------------ routes
@@ -304,7 +310,9 @@ class AgentdClient:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _request(self, method: str, path: str, *, json: Any = None, timeout: httpx.Timeout | None = None) -> httpx.Response:
+    def _request(
+        self, method: str, path: str, *, json: Any = None, timeout: httpx.Timeout | None = None
+    ) -> httpx.Response:
         content = msgspec.json.encode(json) if json is not None else None
         headers = {"Content-Type": "application/json"} if content is not None else None
         kwargs: dict[str, Any] = {"content": content, "headers": headers}
@@ -355,7 +363,9 @@ class AgentdClient:
             return msgspec.json.decode(response.content, type=type_)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise ClientError(
-                response.status_code, "bad_response", f"unexpected answer to {response.request.method} {response.request.url.path}: {exc}"
+                response.status_code,
+                "bad_response",
+                f"unexpected answer to {response.request.method} {response.request.url.path}: {exc}",
             ) from None
 
     def _ok_object(self, response: httpx.Response) -> dict[str, Any]:

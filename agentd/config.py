@@ -59,9 +59,7 @@ class TransferMode(enum.StrEnum):
 
     ROLLING_HISTORY = "rolling-history"
     SWAP_SYSTEM_MESSAGE = "swap-system-message-in-history"
-    SWAP_SYSTEM_MESSAGE_AND_REMOVE_TRANSFER = (
-        "swap-system-message-in-history-and-remove-transfer-tool-messages"
-    )
+    SWAP_SYSTEM_MESSAGE_AND_REMOVE_TRANSFER = "swap-system-message-in-history-and-remove-transfer-tool-messages"
     DELETE_HISTORY = "delete-history"
 
 
@@ -79,7 +77,9 @@ _DURATION = {"duration": True}
 Seconds = Annotated[float, msgspec.Meta(gt=0, extra=_DURATION)]
 # Assistant names become tool names ("transfer_to_<name>"), which providers limit to [A-Za-z0-9_-]{1,64}.
 TRANSFER_TOOL_PREFIX = "transfer_to_"
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64 - len(TRANSFER_TOOL_PREFIX), pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")]
+Name = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=64 - len(TRANSFER_TOOL_PREFIX), pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+]
 EnvVarName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 ToolRef = Annotated[str, msgspec.Meta(min_length=1, pattern=r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")]
 
@@ -222,7 +222,9 @@ def parse_duration(text: str) -> float:
     """``"250ms"`` → 0.25, ``"10s"`` → 10.0, ``"2m"`` → 120.0, ``"1h"`` → 3600.0 (seconds)."""
     match = _DURATION_RE.match(text)
     if match is None:
-        raise ValueError(f"invalid duration {text!r}: expected a number and a unit (ms, s, m, h), like '250ms' or '10s'")
+        raise ValueError(
+            f"invalid duration {text!r}: expected a number and a unit (ms, s, m, h), like '250ms' or '10s'"
+        )
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
@@ -319,9 +321,14 @@ def _convert_leaf(value: Any, annotation: Any, path: str, issues: list[ConfigIss
 
 
 def _kind(value: Any) -> str:
-    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a float"}.get(
-        type(value), type(value).__name__
-    )
+    return {
+        dict: "a table",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a float",
+    }.get(type(value), type(value).__name__)
 
 
 # --------------------------------------------------------------------------- semantic checks
@@ -349,12 +356,19 @@ def _semantic_issues(config: Config) -> list[ConfigIssue]:
             destinations.add(transfer.to)
         for k, tool in enumerate(assistant.tools):
             if tool.rpartition(":")[2].startswith(TRANSFER_TOOL_PREFIX):
-                issues.append(ConfigIssue(f"assistants[{i}].tools[{k}]", f"tool names starting with {TRANSFER_TOOL_PREFIX!r} are reserved for transfers"))
+                issues.append(
+                    ConfigIssue(
+                        f"assistants[{i}].tools[{k}]",
+                        f"tool names starting with {TRANSFER_TOOL_PREFIX!r} are reserved for transfers",
+                    )
+                )
         # Report a problem where it is written: an inherited default is reported once, at its own path.
         override = assistant.intelligence
         own = f"assistants[{i}].intelligence"
         urls_at = own if override is not None and override.endpoints is not None else "intelligence"
-        missing_at = own if override is not None and (override.provider or override.endpoints is not None) else "intelligence"
+        missing_at = (
+            own if override is not None and (override.provider or override.endpoints is not None) else "intelligence"
+        )
         issues.extend(_intelligence_issues(effective_intelligence(config, assistant.name), missing_at, urls_at))
     return _dedupe(issues)
 
@@ -362,13 +376,17 @@ def _semantic_issues(config: Config) -> list[ConfigIssue]:
 def _intelligence_issues(intel: Intelligence, missing_at: str, where: str) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     if intel.provider != "scripted" and not intel.endpoints:
-        issues.append(ConfigIssue(f"{missing_at}.endpoints", f"provider {intel.provider!r} needs at least one endpoint URL"))
+        issues.append(
+            ConfigIssue(f"{missing_at}.endpoints", f"provider {intel.provider!r} needs at least one endpoint URL")
+        )
     for k, url in enumerate(intel.endpoints):
         if not re.match(r"^https?://[^\s/]+", url):
             issues.append(ConfigIssue(f"{where}.endpoints[{k}]", "expected an http:// or https:// URL"))
         elif re.match(r"^https?://[^/\s]*@", url):
             # Credentials in a URL would end up in logs; keys belong in the env var named by api_key_env.
-            issues.append(ConfigIssue(f"{where}.endpoints[{k}]", "credentials in endpoint URLs are not allowed; use api_key_env"))
+            issues.append(
+                ConfigIssue(f"{where}.endpoints[{k}]", "credentials in endpoint URLs are not allowed; use api_key_env")
+            )
     return issues
 
 
@@ -406,7 +424,9 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     except OSError as exc:
         raise ConfigError([ConfigIssue("", f"cannot read config file: {exc.strerror or exc}")], str(path)) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError([ConfigIssue("", f"config file is not UTF-8 text: byte {exc.start}: {exc.reason}")], str(path)) from None
+        raise ConfigError(
+            [ConfigIssue("", f"config file is not UTF-8 text: byte {exc.start}: {exc.reason}")], str(path)
+        ) from None
     return parse_config(text, str(path))
 
 

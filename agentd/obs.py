@@ -57,10 +57,16 @@ class Metrics:
 
         self.registry = CollectorRegistry()
         self.turns = Counter("agentd_turns", "Turns ended, by status", ["status"], registry=self.registry)
-        self.swaps = Counter("agentd_swaps_applied", "Swaps applied by sessions, by kind", ["kind"], registry=self.registry)
+        self.swaps = Counter(
+            "agentd_swaps_applied", "Swaps applied by sessions, by kind", ["kind"], registry=self.registry
+        )
         self.reloads = Counter("agentd_reloads", "Config reloads, by result", ["result"], registry=self.registry)
-        self.turn_seconds = Histogram("agentd_turn_duration_seconds", "Turn duration", registry=self.registry,
-                                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+        self.turn_seconds = Histogram(
+            "agentd_turn_duration_seconds",
+            "Turn duration",
+            registry=self.registry,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        )
         self.generation = Gauge("agentd_config_generation", "Running config generation", registry=self.registry)
         self.sessions = Gauge("agentd_sessions", "Sessions by state", ["state"], registry=self.registry)
         self.children = Gauge("agentd_children", "Child processes running", registry=self.registry)

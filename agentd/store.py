@@ -273,7 +273,12 @@ class Store:
             raise StoreError(f"{where}: unknown state {state!r} (expected one of {sorted(_SESSION_STATES)})")
         fields: dict[str, Any] = {
             name: value
-            for name, value in (("state", state), ("generation", generation), ("model", model), ("assistant", assistant))
+            for name, value in (
+                ("state", state),
+                ("generation", generation),
+                ("model", model),
+                ("assistant", assistant),
+            )
             if value is not None
         }
         now = time.time()
@@ -297,9 +302,13 @@ class Store:
         """Every session (closed ones included) as a summary, newest first; transcript/turns empty."""
 
         def op(conn: sqlite3.Connection) -> list[StoredSession]:
-            rows = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, rowid DESC").fetchall()
+            rows = conn.execute(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, rowid DESC"
+            ).fetchall()
             counts = dict(conn.execute("SELECT session, COUNT(*) FROM turns GROUP BY session").fetchall())
-            return [msgspec.structs.replace(_session_from_row(row), turn_count=counts.get(row["id"], 0)) for row in rows]
+            return [
+                msgspec.structs.replace(_session_from_row(row), turn_count=counts.get(row["id"], 0)) for row in rows
+            ]
 
         return await self._read("list sessions", op)
 
@@ -307,7 +316,10 @@ class Store:
         """Every session whose state is not ``closed``, fully loaded (oldest first): what to restore."""
 
         def op(conn: sqlite3.Connection) -> list[StoredSession]:
-            ids = [row[0] for row in conn.execute("SELECT id FROM sessions WHERE state != 'closed' ORDER BY created_at, rowid")]
+            ids = [
+                row[0]
+                for row in conn.execute("SELECT id FROM sessions WHERE state != 'closed' ORDER BY created_at, rowid")
+            ]
             sessions = [_load_session(conn, session_id) for session_id in ids]
             return [session for session in sessions if session is not None]
 
@@ -315,7 +327,9 @@ class Store:
 
     # ------------------------------------------------------------------ turns
 
-    async def begin_turn(self, session_id: str, turn_id: str, message: UserMessage | None, started_at: float) -> int | None:
+    async def begin_turn(
+        self, session_id: str, turn_id: str, message: UserMessage | None, started_at: float
+    ) -> int | None:
         """Start a turn in one transaction: store its user message, a ``pending`` turn row, state ``running``.
 
         The message is stored with its ``turn`` field set to ``turn_id``. Returns the message's
@@ -346,9 +360,7 @@ class Store:
                 "INSERT INTO turns (session, id, status, message_seq, started_at) VALUES (?, ?, ?, ?, ?)",
                 (session_id, turn_id, PENDING, seq, started_at),
             )
-            conn.execute(
-                "UPDATE sessions SET state = 'running', updated_at = ? WHERE id = ?", (started_at, session_id)
-            )
+            conn.execute("UPDATE sessions SET state = 'running', updated_at = ? WHERE id = ?", (started_at, session_id))
             return seq
 
         return await self._write(f"begin {where}", op)
@@ -416,7 +428,9 @@ class Store:
 
         return await self._write(f"commit {where}", op)
 
-    async def abandon_turn(self, session_id: str, turn_id: str, *, status: str, error: str | None, ended_at: float) -> None:
+    async def abandon_turn(
+        self, session_id: str, turn_id: str, *, status: str, error: str | None, ended_at: float
+    ) -> None:
         """End a pending turn without results (e.g. its session was closed); its user message stays.
 
         ``status`` must be a TurnStatus value. A ``running`` session becomes ``idle``; a
@@ -425,7 +439,9 @@ class Store:
         """
         where = f"session {session_id} turn {turn_id}"
         if status not in _TURN_STATUSES:
-            raise StoreError(f"cannot abandon {where}: unknown status {status!r} (expected one of {sorted(_TURN_STATUSES)})")
+            raise StoreError(
+                f"cannot abandon {where}: unknown status {status!r} (expected one of {sorted(_TURN_STATUSES)})"
+            )
 
         def op(conn: sqlite3.Connection) -> None:
             turn = _pending_turn_row(conn, session_id, turn_id, f"cannot abandon {where}")
@@ -518,7 +534,11 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
         if migration is None:
             raise StoreError(f"store {path}: no migration to schema version {version}")
 
-        def step(conn: sqlite3.Connection, migration: Callable[[sqlite3.Connection], None] = migration, version: int = version) -> None:
+        def step(
+            conn: sqlite3.Connection,
+            migration: Callable[[sqlite3.Connection], None] = migration,
+            version: int = version,
+        ) -> None:
             migration(conn)
             conn.execute(f"PRAGMA user_version = {int(version)}")
 
@@ -566,7 +586,9 @@ def _session_row(conn: sqlite3.Connection, session_id: str) -> sqlite3.Row | Non
 
 
 def _turn_row(conn: sqlite3.Connection, session_id: str, turn_id: str) -> sqlite3.Row | None:
-    return conn.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? AND id = ?", (session_id, turn_id)).fetchone()
+    return conn.execute(
+        f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? AND id = ?", (session_id, turn_id)
+    ).fetchone()
 
 
 def _pending_turn_row(conn: sqlite3.Connection, session_id: str, turn_id: str, refusal: str) -> sqlite3.Row:
@@ -640,6 +662,8 @@ def _load_session(conn: sqlite3.Connection, session_id: str) -> StoredSession | 
     ]
     turns = [
         _turn_from_row(conn, turn)
-        for turn in conn.execute(f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? ORDER BY n", (session_id,)).fetchall()
+        for turn in conn.execute(
+            f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? ORDER BY n", (session_id,)
+        ).fetchall()
     ]
     return _session_from_row(row, transcript, turns)

@@ -133,7 +133,9 @@ def resolve_tool(ref: str) -> Tool:
     """A built-in name (``clock``) or ``package.module:function`` → a Tool. Raises ToolError."""
     if ":" not in ref:
         if ref not in BUILTIN_TOOLS:
-            raise ToolError(f"unknown built-in tool {ref!r}; built-ins: {', '.join(BUILTIN_TOOLS)}; or use 'module:function'")
+            raise ToolError(
+                f"unknown built-in tool {ref!r}; built-ins: {', '.join(BUILTIN_TOOLS)}; or use 'module:function'"
+            )
         return Tool(BUILTIN_TOOLS[ref], ref)
     module_name, _, attr = ref.partition(":")
     try:

@@ -85,16 +85,37 @@ def entry_from_message(seq: int, message: Message) -> Entry:
     images = list(message.images) if getattr(message, "images", None) else None
     match message:
         case UserMessage():
-            return Entry(seq=seq, turn=message.turn, role="user", content=message.content, images=images, name=message.name)
+            return Entry(
+                seq=seq, turn=message.turn, role="user", content=message.content, images=images, name=message.name
+            )
         case SystemMessage():
-            return Entry(seq=seq, turn=message.turn, role="system", content=message.content, images=images, name=message.name)
+            return Entry(
+                seq=seq, turn=message.turn, role="system", content=message.content, images=images, name=message.name
+            )
         case AssistantMessage():
             calls = [ToolCallView(id=c.id, name=c.name, arguments=c.arguments) for c in message.tool_calls] or None
-            return Entry(seq=seq, turn=message.turn, role="assistant", content=message.content, thinking=message.thinking,
-                         images=images, name=message.name, tool_calls=calls, model=message.model, assistant=message.assistant)
+            return Entry(
+                seq=seq,
+                turn=message.turn,
+                role="assistant",
+                content=message.content,
+                thinking=message.thinking,
+                images=images,
+                name=message.name,
+                tool_calls=calls,
+                model=message.model,
+                assistant=message.assistant,
+            )
         case ToolResult():
-            return Entry(seq=seq, turn=message.turn, role="tool", content=message.content, name=message.name,
-                         tool_call_id=message.call_id or None, is_error=message.is_error or None)
+            return Entry(
+                seq=seq,
+                turn=message.turn,
+                role="tool",
+                content=message.content,
+                name=message.name,
+                tool_call_id=message.call_id or None,
+                is_error=message.is_error or None,
+            )
     raise TypeError(f"not a message: {message!r}")
 
 
@@ -118,8 +139,15 @@ def turn_view(turn: TurnRecord | StartedTurn) -> TurnView:
     if isinstance(turn, StartedTurn):
         return TurnView(id=turn.id, status=PENDING, started_at=iso(turn.started_at))
     return TurnView(
-        id=turn.id, status=turn.status.value, models=list(turn.models), steps=turn.steps, restarts=turn.restarts,
-        discarded=list(turn.discarded), usage=turn.usage, started_at=iso(turn.started_at), ended_at=iso(turn.ended_at),
+        id=turn.id,
+        status=turn.status.value,
+        models=list(turn.models),
+        steps=turn.steps,
+        restarts=turn.restarts,
+        discarded=list(turn.discarded),
+        usage=turn.usage,
+        started_at=iso(turn.started_at),
+        ended_at=iso(turn.ended_at),
         error=turn.error,
     )
 

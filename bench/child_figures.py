@@ -70,8 +70,14 @@ FRAME_TIMEOUT = 30.0
 
 
 def summary_row(label: str, samples: Sequence[float], unit: str, fmt: str = "{:.2f}") -> list[str]:
-    return [label, unit, str(len(samples)), fmt.format(percentile(samples, 50)), fmt.format(percentile(samples, 95)),
-            fmt.format(max(samples))]
+    return [
+        label,
+        unit,
+        str(len(samples)),
+        fmt.format(percentile(samples, 50)),
+        fmt.format(percentile(samples, 95)),
+        fmt.format(max(samples)),
+    ]
 
 
 SUMMARY_HEADER = ["figure", "unit", "n", "p50", "p95", "max"]
@@ -137,8 +143,9 @@ async def start_child(tg: anyio.abc.TaskGroup, child_id: str, config: Config) ->
     began = time.perf_counter()
     child = await ChildProcess.start(child_id, env=child_env())
     tg.start_soon(child.pump_stderr, stderr.append)
-    await child.handshake(Spawn(child_id=child_id, generation=1, policy=SwapPolicy.FINISH_ON_OLD, config=config),
-                          HANDSHAKE_TIMEOUT)
+    await child.handshake(
+        Spawn(child_id=child_id, generation=1, policy=SwapPolicy.FINISH_ON_OLD, config=config), HANDSHAKE_TIMEOUT
+    )
     return BenchChild(child, stderr), time.perf_counter() - began
 
 
@@ -155,7 +162,8 @@ async def ping_round_trips(bench: BenchChild, count: int, first_seq: int) -> lis
 
 def held_config(hold_file: Path) -> Config:
     """A scripted config whose every model call waits for ``hold_file`` (which the bench never creates)."""
-    return parse_config(f"""
+    return parse_config(
+        f"""
 [intelligence]
 provider = "scripted"
 model = "bench-held"
@@ -167,7 +175,9 @@ deadline = "600s"
 [[assistants]]
 name = "bench"
 first_message_mode = "assistant-waits-for-user"
-""", "<bench>")
+""",
+        "<bench>",
+    )
 
 
 async def measure_children(repeat: int, pings: int, hold_file: Path) -> dict[str, list[float]]:
@@ -210,7 +220,9 @@ async def measure_children(repeat: int, pings: int, hold_file: Path) -> dict[str
 def swap_frame() -> SwapIntel:
     """The SwapIntel a reload of the quickstart config sends."""
     config = quickstart_config()
-    return SwapIntel(generation=2, policy=SwapPolicy.FINISH_ON_OLD, intelligence=intelligence_map(config), limits=config.limits)
+    return SwapIntel(
+        generation=2, policy=SwapPolicy.FINISH_ON_OLD, intelligence=intelligence_map(config), limits=config.limits
+    )
 
 
 def turn_done_frame(count: int = 20) -> TurnDone:
@@ -219,21 +231,50 @@ def turn_done_frame(count: int = 20) -> TurnDone:
     messages: list[Message] = []
     step = 0
     while len(messages) < count - 1:
-        calls = tuple(ToolCall(id=f"call_{step}_{i}", name=("lookup", "clock")[i], arguments={"query": f"invoice {step}-{i}", "page": i})
-                      for i in range(1 + step % 2))
-        messages.append(AssistantMessage(content="" if step % 3 else "Let me check that.", thinking=f"step {step + 1}: look it up",
-                                         tool_calls=calls, model="echo-large", assistant="billing", turn=turn))
+        calls = tuple(
+            ToolCall(
+                id=f"call_{step}_{i}",
+                name=("lookup", "clock")[i],
+                arguments={"query": f"invoice {step}-{i}", "page": i},
+            )
+            for i in range(1 + step % 2)
+        )
+        messages.append(
+            AssistantMessage(
+                content="" if step % 3 else "Let me check that.",
+                thinking=f"step {step + 1}: look it up",
+                tool_calls=calls,
+                model="echo-large",
+                assistant="billing",
+                turn=turn,
+            )
+        )
         for call in calls:
             if len(messages) < count - 1:
-                messages.append(ToolResult(name=call.name, content=f"result for {call.arguments['query']}: " + "paid in full. " * 4,
-                                           call_id=call.id, turn=turn))
+                messages.append(
+                    ToolResult(
+                        name=call.name,
+                        content=f"result for {call.arguments['query']}: " + "paid in full. " * 4,
+                        call_id=call.id,
+                        turn=turn,
+                    )
+                )
         step += 1
-    messages.append(AssistantMessage(content="[echo-large] Your invoices are all paid. " * 3, model="echo-large",
-                                     assistant="billing", turn=turn))
+    messages.append(
+        AssistantMessage(
+            content="[echo-large] Your invoices are all paid. " * 3, model="echo-large", assistant="billing", turn=turn
+        )
+    )
     assert len(messages) == count
-    record = TurnRecord(id=turn, status=TurnStatus.COMPLETED, models=("echo-large",), steps=step + 1,
-                        usage=Usage(input_tokens=1234, output_tokens=321), started_at=1_700_000_000.0,
-                        ended_at=1_700_000_004.5)
+    record = TurnRecord(
+        id=turn,
+        status=TurnStatus.COMPLETED,
+        models=("echo-large",),
+        steps=step + 1,
+        usage=Usage(input_tokens=1234, output_tokens=321),
+        started_at=1_700_000_000.0,
+        ended_at=1_700_000_004.5,
+    )
     return TurnDone(session="session-0123456789abcdef", assistant="billing", record=record, messages=messages)
 
 
@@ -269,8 +310,12 @@ def codec_figures(frame: Frame, batches: int, batch: int) -> dict[str, list[floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=20, help="children started for the cold-start and ping figures (default 20)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=20, help="children started for the cold-start and ping figures (default 20)"
+    )
     parser.add_argument("--pings", type=int, default=500, help="sequential pings per child and state (default 500)")
     parser.add_argument("--codec-batches", type=int, default=200, help="timed batches per frame type (default 200)")
     parser.add_argument("--codec-batch", type=int, default=200, help="iterations per codec batch (default 200)")
@@ -283,24 +328,37 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="agentd-bench-") as tmp:
         hold_file = Path(tmp) / "never-created"
         figures = anyio.run(measure_children, args.repeat, args.pings, hold_file)
-    print_table(f"Child process ({args.repeat} children; pings: {args.repeat} children x {args.pings} sequential pings per state)",
-                SUMMARY_HEADER, [
-                    summary_row("cold start: start() -> Ready", figures["start"], "ms", "{:.1f}"),
-                    summary_row("RSS after Ready (quickstart config)", figures["rss"], "MiB", "{:.1f}"),
-                    summary_row("RSS, one session, model call in flight", figures["rss_inflight"], "MiB", "{:.1f}"),
-                    summary_row("Ping -> Pong, child idle", figures["idle"], "us", "{:.0f}"),
-                    summary_row("Ping -> Pong, model call in flight", figures["inflight"], "us", "{:.0f}"),
-                ])
+    print_table(
+        f"Child process ({args.repeat} children; pings: {args.repeat} children x {args.pings} sequential pings per state)",
+        SUMMARY_HEADER,
+        [
+            summary_row("cold start: start() -> Ready", figures["start"], "ms", "{:.1f}"),
+            summary_row("RSS after Ready (quickstart config)", figures["rss"], "MiB", "{:.1f}"),
+            summary_row("RSS, one session, model call in flight", figures["rss_inflight"], "MiB", "{:.1f}"),
+            summary_row("Ping -> Pong, child idle", figures["idle"], "us", "{:.0f}"),
+            summary_row("Ping -> Pong, model call in flight", figures["inflight"], "us", "{:.0f}"),
+        ],
+    )
 
     rows: list[list[str]] = []
     for name, frame in (("SwapIntel (quickstart map)", swap_frame()), ("TurnDone (20 messages)", turn_done_frame())):
         codec = codec_figures(frame, args.codec_batches, args.codec_batch)
         size = f"{int(codec['bytes'][0])} B"
         for op, label in (("encode", "encode_frame"), ("decode", "decode_payload"), ("both", "encode + decode")):
-            rows.append([f"{name}: {label}", "us", str(len(codec[op])), *(f"{v:.2f}" for v in (
-                percentile(codec[op], 50), percentile(codec[op], 95), max(codec[op]))), size])
-    print_table(f"Frame codec ({args.codec_batches} batches x {args.codec_batch} iterations; per operation)",
-                [*SUMMARY_HEADER, "frame"], rows)
+            rows.append(
+                [
+                    f"{name}: {label}",
+                    "us",
+                    str(len(codec[op])),
+                    *(f"{v:.2f}" for v in (percentile(codec[op], 50), percentile(codec[op], 95), max(codec[op]))),
+                    size,
+                ]
+            )
+    print_table(
+        f"Frame codec ({args.codec_batches} batches x {args.codec_batch} iterations; per operation)",
+        [*SUMMARY_HEADER, "frame"],
+        rows,
+    )
     print(f"\ntotal {time.monotonic() - began:.1f}s; load average {loadavg()}; no child left running")
     return 0
 

@@ -27,15 +27,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import anyio  # noqa: E402
+import anyio
 
-from agentd.config import Intelligence  # noqa: E402
-from agentd.intel.base import CompletionRequest  # noqa: E402
-from agentd.intel.http import HTTPProvider  # noqa: E402
-from agentd.intel.ollama import OllamaProvider  # noqa: E402
-from agentd.intel.openai import OpenAIProvider  # noqa: E402
-from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage  # noqa: E402
-from agentd.tools import ToolSpec  # noqa: E402
+from agentd.config import Intelligence
+from agentd.intel.base import CompletionRequest
+from agentd.intel.http import HTTPProvider
+from agentd.intel.ollama import OllamaProvider
+from agentd.intel.openai import OpenAIProvider
+from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
+from agentd.tools import ToolSpec
 
 REPLY_TEXT = "The quick brown fox jumps over the lazy dog. " * 6
 
@@ -47,8 +47,12 @@ def _serve(kind: str, conn: Connection) -> None:
     logging.disable(logging.CRITICAL)
     from tests.fakes import FakeCall, FakeOllama, FakeOpenAI, Reply
 
-    reply = Reply(content=REPLY_TEXT, thinking="Consider the request.", pieces=24,
-                  tool_calls=(FakeCall("lookup", {"word": "fox"}),))
+    reply = Reply(
+        content=REPLY_TEXT,
+        thinking="Consider the request.",
+        pieces=24,
+        tool_calls=(FakeCall("lookup", {"word": "fox"}),),
+    )
     server = (FakeOllama if kind == "ollama" else FakeOpenAI)(default=reply, split_writes=False).start()
     conn.send(server.url)
     conn.recv()  # "dump"
@@ -71,15 +75,26 @@ class ServerProcess:
 
 
 def history() -> list[Message]:
-    messages: list[Message] = [SystemMessage(content="You are terse.", name="bench"), UserMessage(content="Define fox.")]
+    messages: list[Message] = [
+        SystemMessage(content="You are terse.", name="bench"),
+        UserMessage(content="Define fox."),
+    ]
     for n in range(5):
         call = ToolCall(id=f"call_{n}", name="lookup", arguments={"word": f"w{n}"})
-        messages += [AssistantMessage(content="", thinking="look it up", tool_calls=(call,)),
-                     ToolResult(name="lookup", content="a small wild canid " * 5, call_id=call.id)]
+        messages += [
+            AssistantMessage(content="", thinking="look it up", tool_calls=(call,)),
+            ToolResult(name="lookup", content="a small wild canid " * 5, call_id=call.id),
+        ]
     return messages
 
 
-TOOLS = [ToolSpec(name="lookup", description="Look a word up", parameters={"type": "object", "properties": {"word": {"type": "string"}}})]
+TOOLS = [
+    ToolSpec(
+        name="lookup",
+        description="Look a word up",
+        parameters={"type": "object", "properties": {"word": {"type": "string"}}},
+    )
+]
 
 
 def provider(kind: str, urls: tuple[str, ...], options: dict[str, Any] | None = None) -> HTTPProvider:
@@ -157,13 +172,17 @@ async def main(steps: int, trials: int) -> None:
     for kind, stream in (("ollama", True), ("openai", True), ("ollama", False), ("openai", False)):
         o = await overhead(kind, steps, stream)
         mode = "streamed, ~48 chunks" if stream else "one JSON body"
-        print(f"{kind:7s} ({mode}) overhead per step: median {o['overhead_ms_median']:.2f} ms, p95 {o['overhead_ms_p95']:.2f} ms "
-              f"(call {o['wall_ms_median']:.2f} ms, server {o['server_ms_median']:.2f} ms; {o['steps']} steps)")
+        print(
+            f"{kind:7s} ({mode}) overhead per step: median {o['overhead_ms_median']:.2f} ms, p95 {o['overhead_ms_p95']:.2f} ms "
+            f"(call {o['wall_ms_median']:.2f} ms, server {o['server_ms_median']:.2f} ms; {o['steps']} steps)"
+        )
     for kind in ("ollama", "openai"):
         f = await failover(kind, trials)
-        print(f"{kind:7s} fail over from a refusing primary: +{f['extra_ms_median']:.2f} ms median, "
-              f"+{f['extra_ms_p95']:.2f} ms p95 (direct {f['direct_ms_median']:.2f} ms, via failover "
-              f"{f['failover_ms_median']:.2f} ms; {f['trials']} trials)")
+        print(
+            f"{kind:7s} fail over from a refusing primary: +{f['extra_ms_median']:.2f} ms median, "
+            f"+{f['extra_ms_p95']:.2f} ms p95 (direct {f['direct_ms_median']:.2f} ms, via failover "
+            f"{f['failover_ms_median']:.2f} ms; {f['trials']} trials)"
+        )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tables import percentile, print_table  # noqa: E402
-from tests.daemon_harness import Daemon, child_pids_of, pid_alive, wait_until  # noqa: E402
+from tables import percentile, print_table
+
+from tests.daemon_harness import Daemon, child_pids_of, pid_alive, wait_until
 
 ACK_TIMEOUT = 60.0
 READY_TIMEOUT = 180.0
@@ -177,8 +178,12 @@ class Bench:
             session = self.daemon.new_session()
             self.daemon.send(session, "hold this turn", wait=False)
             self.sessions.append(session)
-        wait_until(lambda: sum(c["state"] == "ready" for c in self.daemon.status()["children"]) == self.size,
-                   f"{self.size} children to be ready", timeout=READY_TIMEOUT, interval=0.1)
+        wait_until(
+            lambda: sum(c["state"] == "ready" for c in self.daemon.status()["children"]) == self.size,
+            f"{self.size} children to be ready",
+            timeout=READY_TIMEOUT,
+            interval=0.1,
+        )
         self.children = {c["pid"] for c in self.daemon.status()["children"] if c["pid"]}
 
     def reload(self) -> Reload:
@@ -193,16 +198,22 @@ class Bench:
         deadline = time.monotonic() + ACK_TIMEOUT
         while not self._complete(observed):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"generation {generation}: {len(observed.acked)} acked, {len(observed.parked)} parked "
-                                   f"of {self.size} after {ACK_TIMEOUT:g}s (log: {self.daemon.log_path})")
+                raise RuntimeError(
+                    f"generation {generation}: {len(observed.acked)} acked, {len(observed.parked)} parked "
+                    f"of {self.size} after {ACK_TIMEOUT:g}s (log: {self.daemon.log_path})"
+                )
             time.sleep(POLL_SECONDS)
             for record in self.tail.records():
                 self._observe(record, generation, observed)
         return observed
 
     def _complete(self, observed: Reload) -> bool:
-        return (len(observed.parked) == self.size and len(observed.swap_sent) == self.size and observed.reload_logged is not None
-                and (not self.watch_acks or len(observed.acked) == self.size))
+        return (
+            len(observed.parked) == self.size
+            and len(observed.swap_sent) == self.size
+            and observed.reload_logged is not None
+            and (not self.watch_acks or len(observed.acked) == self.size)
+        )
 
     def _observe(self, record: dict[str, Any], generation: int, observed: Reload) -> None:
         event = record.get("event")
@@ -261,7 +272,11 @@ def measure(size: int, reloads: int, log_level: str, hold: str) -> Run:
             ready_seconds = time.monotonic() - began
             bench.reload()  # warm-up: proves all turns are in flight (N parked), not measured
             children, supervisor = sorted(bench.children), [bench.daemon.process.pid] if bench.daemon.process else []
-            cpu_before, supervisor_before, wall_before = cpu_seconds(children), cpu_seconds(supervisor), time.monotonic()
+            cpu_before, supervisor_before, wall_before = (
+                cpu_seconds(children),
+                cpu_seconds(supervisor),
+                time.monotonic(),
+            )
             measured = [bench.reload() for _ in range(reloads)]
             wall = time.monotonic() - wall_before
             children_cores = (cpu_seconds(children) - cpu_before) / wall
@@ -274,13 +289,23 @@ def measure(size: int, reloads: int, log_level: str, hold: str) -> Run:
 
 def rows_for(size: int, measured: list[Reload], watch_acks: bool) -> list[list[str]]:
     """Table rows for one size: each figure is a latency from SIGHUP sent, in ms."""
+
     def row(label: str, values: list[float]) -> list[str]:
         ms = [v * 1000 for v in values]
-        return [str(size), label, str(len(ms)), f"{percentile(ms, 50):.1f}", f"{percentile(ms, 99):.1f}", f"{max(ms):.1f}"]
+        return [
+            str(size),
+            label,
+            str(len(ms)),
+            f"{percentile(ms, 50):.1f}",
+            f"{percentile(ms, 99):.1f}",
+            f"{max(ms):.1f}",
+        ]
 
-    out = [row("SIGHUP -> first intel.swap.sent", [min(r.swap_sent.values()) - r.sent for r in measured]),
-           row("SIGHUP -> last intel.swap.sent", [max(r.swap_sent.values()) - r.sent for r in measured]),
-           row("SIGHUP -> config.reload logged", [r.reload_logged - r.sent for r in measured if r.reload_logged])]
+    out = [
+        row("SIGHUP -> first intel.swap.sent", [min(r.swap_sent.values()) - r.sent for r in measured]),
+        row("SIGHUP -> last intel.swap.sent", [max(r.swap_sent.values()) - r.sent for r in measured]),
+        row("SIGHUP -> config.reload logged", [r.reload_logged - r.sent for r in measured if r.reload_logged]),
+    ]
     if watch_acks:
         out.append(row("SIGHUP -> first SwapAck", [min(r.acked.values()) - r.sent for r in measured]))
         out.append(row("SIGHUP -> all SwapAck (intel.swap.acked)", [max(r.acked.values()) - r.sent for r in measured]))
@@ -289,14 +314,24 @@ def rows_for(size: int, measured: list[Reload], watch_acks: bool) -> list[list[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="1,10,50", help="comma-separated session counts (default 1,10,50)")
     parser.add_argument("--reloads", type=int, default=20, help="measured reloads per size (default 20)")
-    parser.add_argument("--log-level", choices=["debug", "info"], default="debug",
-                        help="daemon log level; debug adds the intel.swap.acked observations (default debug)")
-    parser.add_argument("--hold", choices=["file", "delay"], default="file",
-                        help="how a model call is held in flight: wait on a hold_file that never exists (the scripted "
-                             "model polls it every 20 ms), or one long delay_ms sleep (no wake-ups); default file")
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info"],
+        default="debug",
+        help="daemon log level; debug adds the intel.swap.acked observations (default debug)",
+    )
+    parser.add_argument(
+        "--hold",
+        choices=["file", "delay"],
+        default="file",
+        help="how a model call is held in flight: wait on a hold_file that never exists (the scripted "
+        "model polls it every 20 ms), or one long delay_ms sleep (no wake-ups); default file",
+    )
     args = parser.parse_args(argv)
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -313,13 +348,19 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         run = measure(size, args.reloads, args.log_level, args.hold)
         rows += rows_for(size, run.reloads, watch_acks)
-        notes.append(f"{size} session(s): {size} children ready, turns in flight, after {run.ready_seconds:.1f}s; "
-                     f"swaps applied while measuring: {run.swaps_applied} (0 = every turn stayed in flight); "
-                     f"agentd exit code after SIGTERM: {run.exit_code}; CPU while measuring: "
-                     f"children {run.children_cores:.2f} cores, supervisor {run.supervisor_cores:.2f} cores")
-    print_table(f"Swap fan-out, ms ({args.reloads} reloads per size after one warm-up; every session has a turn in flight; "
-                f"hold: {args.hold})",
-                ["sessions", "figure", "n", "p50", "p99", "max"], rows, left=(1,))
+        notes.append(
+            f"{size} session(s): {size} children ready, turns in flight, after {run.ready_seconds:.1f}s; "
+            f"swaps applied while measuring: {run.swaps_applied} (0 = every turn stayed in flight); "
+            f"agentd exit code after SIGTERM: {run.exit_code}; CPU while measuring: "
+            f"children {run.children_cores:.2f} cores, supervisor {run.supervisor_cores:.2f} cores"
+        )
+    print_table(
+        f"Swap fan-out, ms ({args.reloads} reloads per size after one warm-up; every session has a turn in flight; "
+        f"hold: {args.hold})",
+        ["sessions", "figure", "n", "p50", "p99", "max"],
+        rows,
+        left=(1,),
+    )
     print()
     for note in notes:
         print(note)

@@ -18,7 +18,9 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(
+            str(c).ljust(w) if i in left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        )
 
     print(f"\n{title}")
     print(line(header))

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import anyio
 
 from agentd.config import Config, SwapPolicy, intelligence_map, parse_config
-from agentd.protocol import Event, Frame, Input, Open, Spawn, SwapIntel
 from agentd.messages import UserMessage
+from agentd.protocol import Event, Frame, Input, Open, Spawn, SwapIntel
 from agentd.supervisor.process import ChildProcess
 
 F = TypeVar("F")
@@ -42,7 +42,7 @@ class ChildHarness:
             while (frame := await self.child.receive()) is not None:
                 self.frames.append(frame)
                 self._arrived.set()
-        except Exception:  # noqa: BLE001 - the test sees the end of the stream, then the cause in stderr
+        except Exception:
             pass
         finally:
             self.closed = True
@@ -81,7 +81,9 @@ class ChildHarness:
     def swap(self, config_text: str, generation: int, policy: SwapPolicy) -> SwapIntel:
         """The SwapIntel a reload to ``config_text`` would send."""
         config = parse_config(config_text)
-        return SwapIntel(generation=generation, policy=policy, intelligence=intelligence_map(config), limits=config.limits)
+        return SwapIntel(
+            generation=generation, policy=policy, intelligence=intelligence_map(config), limits=config.limits
+        )
 
 
 def child_env(tmp: Path, **extra: str) -> dict[str, Any]:

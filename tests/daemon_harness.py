@@ -100,7 +100,9 @@ class EventStream:
         finally:
             self._connected.set()
 
-    def wait(self, name: str, where: Callable[[dict[str, Any]], bool] = lambda _: True, timeout: float = TIMEOUT) -> dict[str, Any]:
+    def wait(
+        self, name: str, where: Callable[[dict[str, Any]], bool] = lambda _: True, timeout: float = TIMEOUT
+    ) -> dict[str, Any]:
         """The next event called ``name`` matching ``where`` (earlier unmatched events are kept in ``seen``)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -119,8 +121,16 @@ class EventStream:
 class Daemon:
     """One ``agentd run`` process on a temp state dir."""
 
-    def __init__(self, tmp: Path, config_text: str | None = None, *, args: list[str] | None = None, env: dict[str, str] | None = None,
-                 state_dir: Path | None = None, command: str | None = "run") -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        config_text: str | None = None,
+        *,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        state_dir: Path | None = None,
+        command: str | None = "run",
+    ) -> None:
         self.tmp = tmp
         self.subcommand = [command] if command else []  # None: `agentd [flags of run]`
         self.state_dir = state_dir or tmp / "state"
@@ -139,16 +149,31 @@ class Daemon:
 
     def command(self) -> list[str]:
         config = ["--config", str(self.config_path)] if self.config_path.exists() else []
-        return [sys.executable, "-m", "agentd", *self.subcommand, *config, "--state-dir", str(self.state_dir), "--log-format", "json", *self.args]
+        return [
+            sys.executable,
+            "-m",
+            "agentd",
+            *self.subcommand,
+            *config,
+            "--state-dir",
+            str(self.state_dir),
+            "--log-format",
+            "json",
+            *self.args,
+        ]
 
     def start(self) -> Daemon:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp)
+        self.process = subprocess.Popen(
+            self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp
+        )
         return self.start_client()
 
     def start_client(self) -> Daemon:
         """Connect to the started process's socket and wait until it answers."""
-        self.client = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://agentd", timeout=TIMEOUT)
+        self.client = httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://agentd", timeout=TIMEOUT
+        )
         wait_until(self._healthy, f"agentd to answer on {self.socket} (log: {self.log_path})")
         return self
 
@@ -177,7 +202,9 @@ class Daemon:
         return self.json("POST", "/v1/sessions", {"assistant": assistant} if assistant else {}, status=201)["id"]
 
     def send(self, session: str, text: str, wait: bool = True) -> Any:
-        return self.json("POST", f"/v1/sessions/{session}/messages", {"content": text, "wait": wait}, status=200 if wait else 202)
+        return self.json(
+            "POST", f"/v1/sessions/{session}/messages", {"content": text, "wait": wait}, status=200 if wait else 202
+        )
 
     def events(self, session: str) -> EventStream:
         assert self.client is not None
@@ -188,11 +215,13 @@ class Daemon:
 
     def turn(self, session: str, turn_id: str, *, finished: bool = True) -> Any:
         """The turn record; with ``finished``, wait until it is no longer pending."""
+
         def get() -> Any:
             turns = [t for t in self.session(session)["turns"] if t["id"] == turn_id]
             if turns and (not finished or turns[0]["status"] != "pending"):
                 return turns[0]
             return None
+
         return wait_until(get, f"turn {turn_id} to end")
 
     def entries(self, session: str, turn_id: str) -> list[Any]:
@@ -242,13 +271,26 @@ class Daemon:
                 found.append(record)
         return found
 
-    def wait_log(self, name: str, where: Callable[[dict[str, Any]], bool] = lambda _: True, count: int = 1) -> list[dict[str, Any]]:
-        return wait_until(lambda: (m := [r for r in self.log_events(name) if where(r)]) and len(m) >= count and m,
-                          f"{count} log event(s) {name}")
+    def wait_log(
+        self, name: str, where: Callable[[dict[str, Any]], bool] = lambda _: True, count: int = 1
+    ) -> list[dict[str, Any]]:
+        return wait_until(
+            lambda: (m := [r for r in self.log_events(name) if where(r)]) and len(m) >= count and m,
+            f"{count} log event(s) {name}",
+        )
 
-    def run_cli(self, *args: str, input: str | None = None, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "agentd", *args], capture_output=True, text=True, input=input,
-                              env={**self.env, "AGENTD_STATE_DIR": str(self.state_dir)}, timeout=timeout, cwd=self.tmp)
+    def run_cli(
+        self, *args: str, input: str | None = None, timeout: float = TIMEOUT
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "agentd", *args],
+            capture_output=True,
+            text=True,
+            input=input,
+            env={**self.env, "AGENTD_STATE_DIR": str(self.state_dir)},
+            timeout=timeout,
+            cwd=self.tmp,
+        )
 
 
 @contextmanager

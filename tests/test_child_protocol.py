@@ -42,8 +42,14 @@ RESTART = SwapPolicy.RESTART_TURN
 FINISH = SwapPolicy.FINISH_ON_OLD
 
 
-def cfg(model: str = "old-model", *, options: str = "", tools: str = '["tests.tooling:record"]', limits: str = "",
-        more: str = "") -> str:
+def cfg(
+    model: str = "old-model",
+    *,
+    options: str = "",
+    tools: str = '["tests.tooling:record"]',
+    limits: str = "",
+    more: str = "",
+) -> str:
     return f"""
 [intelligence]
 provider = "scripted"
@@ -89,8 +95,9 @@ async def test_ready_after_spawn_and_ping_answered_during_model_call(tmp_path: P
 
 async def test_spawn_with_other_protocol_version_is_refused(tmp_path: Path) -> None:
     child = await ChildProcess.start("v", env=child_env(tmp_path))
-    spawn = Spawn(child_id="v", protocol_version=PROTOCOL_VERSION + 1, generation=1, policy=FINISH,
-                  config=quickstart_config())
+    spawn = Spawn(
+        child_id="v", protocol_version=PROTOCOL_VERSION + 1, generation=1, policy=FINISH, config=quickstart_config()
+    )
     with pytest.raises(SpawnError, match="protocol version"):
         await child.handshake(spawn, 30)
     assert await child.stop(grace=5) == 3
@@ -148,7 +155,7 @@ async def test_transcript_survives_a_swap(tmp_path: Path) -> None:
         await child.say("four", "t2")
         second = await child.expect(TurnDone)
         # The scripted model counts every history word as an input token.
-        history_words = len("one two three".split()) + len(first.messages[-1].content.split()) + 1
+        history_words = len(["one", "two", "three"]) + len(first.messages[-1].content.split()) + 1
         assert second.record.usage.input_tokens == history_words
         assert assistant_models(second) == ["model-b"]
 
@@ -193,7 +200,9 @@ async def test_restart_turn_discards_and_reruns_without_starting_requested_tools
 
 async def test_restart_turn_never_tears_a_running_tool_and_replays_its_result(tmp_path: Path) -> None:
     """RFC 0002 §5: a tool in flight completes; in the re-run the same call reuses the recorded result."""
-    async with running_child(cfg(options="steps = 1", tools='["tests.tooling:held"]'), tmp_path, policy=RESTART) as child:
+    async with running_child(
+        cfg(options="steps = 1", tools='["tests.tooling:held"]'), tmp_path, policy=RESTART
+    ) as child:
         await child.open()
         await child.say("go", "t1")
         await child.event("tool.call")
@@ -210,11 +219,15 @@ async def test_restart_turn_never_tears_a_running_tool_and_replays_its_result(tm
 
 
 async def test_restart_turn_reruns_side_effect_free_tools(tmp_path: Path) -> None:
-    async with running_child(cfg(options="steps = 1", tools='["tests.tooling:held_pure"]'), tmp_path, policy=RESTART) as child:
+    async with running_child(
+        cfg(options="steps = 1", tools='["tests.tooling:held_pure"]'), tmp_path, policy=RESTART
+    ) as child:
         await child.open()
         await child.say("go", "t1")
         await child.event("tool.call")
-        await child.send(child.swap(cfg("model-b", options="steps = 1", tools='["tests.tooling:held_pure"]'), 2, RESTART))
+        await child.send(
+            child.swap(cfg("model-b", options="steps = 1", tools='["tests.tooling:held_pure"]'), 2, RESTART)
+        )
         await child.expect(SwapAck)
         (tmp_path / "tool.gate").touch()
         done = await child.expect(TurnDone)
@@ -414,8 +427,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_child_exits_when_its_parent_dies(tmp_path: Path) -> None:
-    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_PARENT], stdout=subprocess.PIPE, text=True,
-                              env=child_env(tmp_path), cwd=REPO)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_PARENT], stdout=subprocess.PIPE, text=True, env=child_env(tmp_path), cwd=REPO
+    )
     assert parent.stdout is not None
     child_pid = int(parent.stdout.readline())
     assert _alive(child_pid)

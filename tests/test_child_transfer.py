@@ -16,8 +16,14 @@ from tests.child_harness import running_child, tool_log
 pytestmark = pytest.mark.anyio
 
 
-def squad(mode: str = "rolling-history", *, billing_first: str = 'first_message = "Billing here."',
-          billing_mode: str = "assistant-speaks-first", billing_model: str = "billing-model", message: str = "Connecting you.") -> str:
+def squad(
+    mode: str = "rolling-history",
+    *,
+    billing_first: str = 'first_message = "Billing here."',
+    billing_mode: str = "assistant-speaks-first",
+    billing_model: str = "billing-model",
+    message: str = "Connecting you.",
+) -> str:
     return f"""
 [intelligence]
 provider = "scripted"
@@ -61,10 +67,12 @@ def shape(messages: list) -> list[str]:
     return out
 
 
-async def transfer_turn(tmp_path: Path, config_text: str, text: str = "please transfer me to billing") -> tuple[TurnDone, object]:
+async def transfer_turn(
+    tmp_path: Path, config_text: str, text: str = "please transfer me to billing"
+) -> tuple[TurnDone, object]:
     async with running_child(config_text, tmp_path) as child:
-        from agentd.protocol import Open
         from agentd.messages import system
+        from agentd.protocol import Open
 
         await child.send(Open(session="s1", assistant="triage", transcript=[system("You route.", name="triage")]))
         await child.say(text, "t1")
@@ -75,9 +83,18 @@ async def transfer_turn(tmp_path: Path, config_text: str, text: str = "please tr
 @pytest.mark.parametrize(
     ("mode", "expected"),
     [
-        ("rolling-history", ["S:triage", "U", "TT:transfer_to_billing", "TR:transfer_to_billing", "A:triage", "S:billing", "A:billing"]),
-        ("swap-system-message-in-history", ["S:billing", "U", "TT:transfer_to_billing", "TR:transfer_to_billing", "A:triage", "A:billing"]),
-        ("swap-system-message-in-history-and-remove-transfer-tool-messages", ["S:billing", "U", "A:triage", "A:billing"]),
+        (
+            "rolling-history",
+            ["S:triage", "U", "TT:transfer_to_billing", "TR:transfer_to_billing", "A:triage", "S:billing", "A:billing"],
+        ),
+        (
+            "swap-system-message-in-history",
+            ["S:billing", "U", "TT:transfer_to_billing", "TR:transfer_to_billing", "A:triage", "A:billing"],
+        ),
+        (
+            "swap-system-message-in-history-and-remove-transfer-tool-messages",
+            ["S:billing", "U", "A:triage", "A:billing"],
+        ),
         ("delete-history", ["S:billing", "A:billing"]),
     ],
 )
@@ -88,7 +105,9 @@ async def test_transfer_rewrites_history_per_mode(tmp_path: Path, mode: str, exp
     assert done.transcript is not None
     assert shape(done.transcript) == expected
     opener = done.transcript[-1]
-    assert isinstance(opener, AssistantMessage) and opener.content == "Billing here." and opener.model == "billing-model"
+    assert (
+        isinstance(opener, AssistantMessage) and opener.content == "Billing here." and opener.model == "billing-model"
+    )
     spoken = [m for m in done.transcript if isinstance(m, AssistantMessage) and m.content == "Connecting you."]
     if mode != "delete-history":
         assert spoken and spoken[0].assistant == "triage" and spoken[0].model == "triage-model"
@@ -107,7 +126,14 @@ async def test_parallel_call_beside_the_transfer_runs_and_keeps_its_result(tmp_p
 async def test_no_destination_message_when_empty_or_unset(tmp_path: Path, message: str | None) -> None:
     text = squad().replace('message = "Connecting you."\n', "" if message is None else 'message = ""\n')
     done, _ = await transfer_turn(tmp_path, text)
-    assert shape(done.transcript) == ["S:triage", "U", "TT:transfer_to_billing", "TR:transfer_to_billing", "S:billing", "A:billing"]
+    assert shape(done.transcript) == [
+        "S:triage",
+        "U",
+        "TT:transfer_to_billing",
+        "TR:transfer_to_billing",
+        "S:billing",
+        "A:billing",
+    ]
 
 
 async def test_model_generated_opener_is_one_call_by_the_new_assistant(tmp_path: Path) -> None:

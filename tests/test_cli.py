@@ -40,11 +40,30 @@ from starlette.routing import Route
 from agentd import cli
 from agentd.client import AgentdClient, ClientError, DaemonNotRunning, SSEEvent, SSEParser, iter_sse
 from agentd.config import ConfigError
-from agentd.views import Accepted, ChildView, CreateSession, Entry, MessageResult, PolicyView, PostMessage, ReloadResult, SessionCounts, StatusView
+from agentd.views import (
+    Accepted,
+    ChildView,
+    CreateSession,
+    Entry,
+    MessageResult,
+    PolicyView,
+    PostMessage,
+    ReloadResult,
+    SessionCounts,
+    StatusView,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "agentd" / "quickstart.toml"
-RUN_TWINS = ["AGENTD_CONFIG", "AGENTD_STATE_DIR", "AGENTD_MODEL_SWAP", "AGENTD_LISTEN", "AGENTD_WATCH_CONFIG", "AGENTD_LOG_FORMAT", "AGENTD_LOG_LEVEL"]
+RUN_TWINS = [
+    "AGENTD_CONFIG",
+    "AGENTD_STATE_DIR",
+    "AGENTD_MODEL_SWAP",
+    "AGENTD_LISTEN",
+    "AGENTD_WATCH_CONFIG",
+    "AGENTD_LOG_FORMAT",
+    "AGENTD_LOG_LEVEL",
+]
 
 
 # =========================================================================== helpers
@@ -58,11 +77,18 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def agentd(*args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def agentd(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m agentd ARGS`` as a user would."""
     return subprocess.run(
         [sys.executable, "-m", "agentd", *args],
-        cwd=cwd, env=env or clean_env(), input=stdin, capture_output=True, text=True, timeout=60,
+        cwd=cwd,
+        env=env or clean_env(),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -120,7 +146,13 @@ def test_check_config_reports_every_error_with_its_path(tmp_path: Path) -> None:
     result = agentd("check-config", "bad.toml", cwd=tmp_path)
     assert result.returncode == 2
     lines = result.stdout.splitlines()
-    expected_paths = ["model_swap", "limits.deadline", "limits.colour", "assistants[0].transfers[0].mode", "assistants[0].tools"]
+    expected_paths = [
+        "model_swap",
+        "limits.deadline",
+        "limits.colour",
+        "assistants[0].transfers[0].mode",
+        "assistants[0].tools",
+    ]
     for path in expected_paths:
         assert any(line.startswith(f"{path}: ") for line in lines), (path, result.stdout)
     assert "'finish-on-old', 'restart-turn'" in result.stdout  # accepted values are named
@@ -135,7 +167,12 @@ def test_check_config_json_shape(tmp_path: Path) -> None:
     body = msgspec.json.decode(result.stdout)
     assert body["valid"] is False
     assert all(set(error) == {"path", "message"} for error in body["errors"])
-    assert {e["path"] for e in body["errors"]} >= {"model_swap", "limits.deadline", "limits.colour", "assistants[0].tools"}
+    assert {e["path"] for e in body["errors"]} >= {
+        "model_swap",
+        "limits.deadline",
+        "limits.colour",
+        "assistants[0].tools",
+    }
 
     shutil.copy(QUICKSTART, tmp_path / "good.toml")
     good = agentd("check-config", "good.toml", "--json", cwd=tmp_path)
@@ -185,7 +222,15 @@ def test_run_help_lists_every_env_twin(tmp_path: Path) -> None:
     assert result.returncode == 0
     for name in [*RUN_TWINS, "AGENTD_API_TOKEN"]:
         assert name in result.stdout, name
-    for flag in ("--config", "--state-dir", "--model-swap", "--listen", "--watch-config", "--log-format", "--log-level"):
+    for flag in (
+        "--config",
+        "--state-dir",
+        "--model-swap",
+        "--listen",
+        "--watch-config",
+        "--log-format",
+        "--log-level",
+    ):
         assert flag in result.stdout
 
 
@@ -234,8 +279,20 @@ def test_run_options_flag_beats_env_and_env_fills_in(tmp_path: Path, monkeypatch
     assert (from_env.log_format, from_env.log_level) == ("json", "debug")
 
     flags = cli.run_options(
-        _run_args("--config", "flag.toml", "--state-dir", "flag-state", "--model-swap", "finish-on-old",
-                  "--listen", "0.0.0.0:8080", "--log-format", "console", "--log-level", "warning"),
+        _run_args(
+            "--config",
+            "flag.toml",
+            "--state-dir",
+            "flag-state",
+            "--model-swap",
+            "finish-on-old",
+            "--listen",
+            "0.0.0.0:8080",
+            "--log-format",
+            "console",
+            "--log-level",
+            "warning",
+        ),
         env,
     )
     assert flags.config_path == tmp_path / "flag.toml"
@@ -250,7 +307,13 @@ def test_run_options_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     bare = cli.run_options(_run_args(), {})
     assert bare.config_path is None  # the built-in quickstart
     assert bare.state_dir is None  # the daemon falls back to [server] state_dir, else ./.agentd
-    assert (bare.model_swap_flag, bare.listen, bare.watch_config, bare.log_format, bare.log_level) == (None, None, False, "auto", "info")
+    assert (bare.model_swap_flag, bare.listen, bare.watch_config, bare.log_format, bare.log_level) == (
+        None,
+        None,
+        False,
+        "auto",
+        "info",
+    )
     (tmp_path / "agentd.toml").write_text("")
     assert cli.run_options(_run_args(), {}).config_path == tmp_path / "agentd.toml"
 
@@ -289,7 +352,9 @@ def test_run_calls_run_daemon_with_options(monkeypatch: pytest.MonkeyPatch, tmp_
     assert options.state_dir == Path("s") and options.watch_config is True and options.model_swap_flag is None
 
 
-def test_run_reports_config_error_from_daemon(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_reports_config_error_from_daemon(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake = types.ModuleType("agentd.supervisor.daemon")
 
     def run_daemon(options: Any) -> int:
@@ -336,7 +401,10 @@ def test_stale_socket_is_not_running(short_dir: Path) -> None:
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(short_dir / "agentd.sock"))
     stale.close()  # the file stays, nobody listens: what a crashed daemon leaves behind
-    with AgentdClient(short_dir) as client, pytest.raises(DaemonNotRunning, match="does not accept connections.*stale socket"):
+    with (
+        AgentdClient(short_dir) as client,
+        pytest.raises(DaemonNotRunning, match="does not accept connections.*stale socket"),
+    ):
         client.status()
 
 
@@ -448,8 +516,14 @@ def entry(seq: int, role: str, content: str, **extra: Any) -> dict[str, Any]:
 
 TURN_MESSAGES = [
     entry(3, "user", "what time is it? then transfer me to billing"),
-    entry(4, "assistant", "Let me check the clock.", model="echo-small", assistant="triage",
-          tool_calls=[{"id": "c1", "name": "clock", "arguments": {"offset_hours": 1}}]),
+    entry(
+        4,
+        "assistant",
+        "Let me check the clock.",
+        model="echo-small",
+        assistant="triage",
+        tool_calls=[{"id": "c1", "name": "clock", "arguments": {"offset_hours": 1}}],
+    ),
     entry(5, "tool", "2026-01-01T01:00:00+01:00", name="clock", tool_call_id="c1"),
     entry(6, "assistant", "Connecting you to billing.", model="echo-small", assistant="triage"),
     entry(7, "assistant", "Billing here. What can I do for you?", model="echo-large", assistant="billing"),
@@ -464,29 +538,101 @@ def turn_events(turn_id: str) -> list[str]:
         sse("turn.started", {**base, "assistant": "triage", "model": "echo-small"}),
         sse("step.started", {**base, "step": 1, "model": "echo-small"}),
         sse("delta", {**base, "text": "Let"}),
-        sse("step.done", {**base, "step": 1, "model": "echo-small", "usage": {}, "content": "Let me check the clock.",
-                          "thinking": "the user wants the time", "tool_calls": [{"id": "c1", "name": "clock", "arguments": {"offset_hours": 1}}]},
-            split=True),
+        sse(
+            "step.done",
+            {
+                **base,
+                "step": 1,
+                "model": "echo-small",
+                "usage": {},
+                "content": "Let me check the clock.",
+                "thinking": "the user wants the time",
+                "tool_calls": [{"id": "c1", "name": "clock", "arguments": {"offset_hours": 1}}],
+            },
+            split=True,
+        ),
         sse("tool.call", {**base, "id": "c1", "name": "clock", "arguments": {"offset_hours": 1}}, crlf=True),
-        sse("tool.result", {**base, "id": "c1", "name": "clock", "is_error": False, "replayed": True, "content": "2026-01-01T01:00:00+01:00"}),
-        sse("swap.parked", {**base, "generation": 2, "model_from": "echo-small", "model_to": "echo-large", "policy": "restart-turn"}, split=True),
-        sse("turn.restarted", {**base, "model_from": "echo-small", "model_to": "echo-large", "restarts": 1, "discarded_steps": 1}),
-        sse("swap.applied", {**base, "generation": 2, "kind": "model", "model_from": "echo-small", "model_to": "echo-large", "policy": "restart-turn"}),
+        sse(
+            "tool.result",
+            {
+                **base,
+                "id": "c1",
+                "name": "clock",
+                "is_error": False,
+                "replayed": True,
+                "content": "2026-01-01T01:00:00+01:00",
+            },
+        ),
+        sse(
+            "swap.parked",
+            {**base, "generation": 2, "model_from": "echo-small", "model_to": "echo-large", "policy": "restart-turn"},
+            split=True,
+        ),
+        sse(
+            "turn.restarted",
+            {**base, "model_from": "echo-small", "model_to": "echo-large", "restarts": 1, "discarded_steps": 1},
+        ),
+        sse(
+            "swap.applied",
+            {
+                **base,
+                "generation": 2,
+                "kind": "model",
+                "model_from": "echo-small",
+                "model_to": "echo-large",
+                "policy": "restart-turn",
+            },
+        ),
         # A stray event of another turn: not this turn's business.
         sse("tool.call", {"session": SESSION_ID, "turn": "t-other", "id": "x", "name": "stray_tool", "arguments": {}}),
-        sse("step.done", {**base, "step": 2, "model": "echo-large", "usage": {}, "content": "final words", "thinking": None, "tool_calls": []}),
+        sse(
+            "step.done",
+            {
+                **base,
+                "step": 2,
+                "model": "echo-large",
+                "usage": {},
+                "content": "final words",
+                "thinking": None,
+                "tool_calls": [],
+            },
+        ),
         sse("transfer", {**base, "from": "triage", "to": "billing", "mode": "rolling-history"}),
-        sse("turn.done", {**base, "status": "transferred", "models": ["echo-small", "echo-large"], "steps": 2, "restarts": 1,
-                          "discarded": [], "usage": {}, "error": None, "messages": TURN_MESSAGES}, crlf=True, split=True),
+        sse(
+            "turn.done",
+            {
+                **base,
+                "status": "transferred",
+                "models": ["echo-small", "echo-large"],
+                "steps": 2,
+                "restarts": 1,
+                "discarded": [],
+                "usage": {},
+                "error": None,
+                "messages": TURN_MESSAGES,
+            },
+            crlf=True,
+            split=True,
+        ),
     ]
 
 
 def session_body(assistant: str = "triage") -> dict[str, Any]:
     return {
-        "id": SESSION_ID, "assistant": assistant, "state": "idle", "generation": 1, "model": "echo-small",
+        "id": SESSION_ID,
+        "assistant": assistant,
+        "state": "idle",
+        "generation": 1,
+        "model": "echo-small",
         "transcript": [
             {"seq": 1, "role": "system", "content": "You route customers.", "name": "triage"},
-            {"seq": 2, "role": "assistant", "content": "Hi! How can I help?", "model": "echo-small", "assistant": assistant},
+            {
+                "seq": 2,
+                "role": "assistant",
+                "content": "Hi! How can I help?",
+                "model": "echo-small",
+                "assistant": assistant,
+            },
         ],
         "turns": [],
     }
@@ -536,8 +682,12 @@ class FakeDaemon:
 
     async def status(self, request: Request) -> Response:
         view = StatusView(
-            pid=4242, version="0.1.0", generation=3, model_swap=PolicyView(policy="restart-turn", source="env"),
-            config_path="/etc/agentd.toml", children=[ChildView(pid=5151, sessions=["s-1", "s-2"], state="ready", generation=3, restarts=1)],
+            pid=4242,
+            version="0.1.0",
+            generation=3,
+            model_swap=PolicyView(policy="restart-turn", source="env"),
+            config_path="/etc/agentd.toml",
+            children=[ChildView(pid=5151, sessions=["s-1", "s-2"], state="ready", generation=3, restarts=1)],
             sessions=SessionCounts(open=2, failed=1),
         )
         raw = msgspec.to_builtins(view)
@@ -546,11 +696,21 @@ class FakeDaemon:
 
     async def reload(self, request: Request) -> Response:
         if self.reload_status == 200:
-            result = ReloadResult(generation=4, applied=True, changed=["intelligence.model"], restart_required=["server.listen"], swapped_sessions=["s-1", "s-2"])
+            result = ReloadResult(
+                generation=4,
+                applied=True,
+                changed=["intelligence.model"],
+                restart_required=["server.listen"],
+                swapped_sessions=["s-1", "s-2"],
+            )
         else:
             from agentd.config import ConfigIssue
 
-            result = ReloadResult(generation=3, applied=False, errors=[ConfigIssue("model_swap", "invalid value 'x'"), ConfigIssue("limits.deadline", "bad duration")])
+            result = ReloadResult(
+                generation=3,
+                applied=False,
+                errors=[ConfigIssue("model_swap", "invalid value 'x'"), ConfigIssue("limits.deadline", "bad duration")],
+            )
         return JSONResponse(msgspec.to_builtins(result), status_code=self.reload_status)
 
     async def create(self, request: Request) -> Response:
@@ -560,7 +720,18 @@ class FakeDaemon:
         return JSONResponse(session_body(body.assistant or "triage"), status_code=201)
 
     async def list(self, request: Request) -> Response:
-        return JSONResponse([{"id": SESSION_ID, "assistant": "triage", "state": "idle", "generation": 1, "model": "echo-small", "turns": 0}])
+        return JSONResponse(
+            [
+                {
+                    "id": SESSION_ID,
+                    "assistant": "triage",
+                    "state": "idle",
+                    "generation": 1,
+                    "model": "echo-small",
+                    "turns": 0,
+                }
+            ]
+        )
 
     async def get(self, request: Request) -> Response:
         if request.path_params["id"] == "explode":
@@ -586,8 +757,13 @@ class FakeDaemon:
             return error(409, "turn_running", "a turn is already running in this session")
         if body.content == "unavailable":
             return error(503, "draining", "the daemon is shutting down")
-        turn = {"id": TURN_ID, "status": self.turn_status, "models": ["echo-small"], "steps": 1,
-                "error": "turn deadline (120s) passed" if self.turn_status == "deadline" else None}
+        turn = {
+            "id": TURN_ID,
+            "status": self.turn_status,
+            "models": ["echo-small"],
+            "steps": 1,
+            "error": "turn deadline (120s) passed" if self.turn_status == "deadline" else None,
+        }
         if body.wait:
             return JSONResponse({"turn": turn, "messages": TURN_MESSAGES})
         if not self.subscribers:
@@ -704,7 +880,12 @@ def test_client_send_unwaited_is_accepted_and_events_follow(daemon: tuple[FakeDa
     [
         (lambda c: c.get_session("nope"), 404, "session_not_found", "no session 'nope'"),
         (lambda c: c.create_session("ghost"), 404, "assistant_not_found", "no assistant named 'ghost'"),
-        (lambda c: c.send_message(SESSION_ID, "busy"), 409, "turn_running", "a turn is already running in this session"),
+        (
+            lambda c: c.send_message(SESSION_ID, "busy"),
+            409,
+            "turn_running",
+            "a turn is already running in this session",
+        ),
         (lambda c: c.send_message(SESSION_ID, "unavailable"), 503, "draining", "the daemon is shutting down"),
         (lambda c: c.events("nope"), 404, "session_not_found", "no such session"),
         (lambda c: c.get_session("explode"), 500, "http_500", "boom"),
@@ -774,7 +955,9 @@ def test_status_table_and_json(daemon: tuple[FakeDaemon, Path], capsys: pytest.C
     assert raw["added_later"] == {"x": 1}  # raw: nothing the client does not know is dropped
 
 
-def test_reload_command_applied_and_rejected(daemon: tuple[FakeDaemon, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_reload_command_applied_and_rejected(
+    daemon: tuple[FakeDaemon, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     fake, state_dir = daemon
     assert cli.main(["reload", "--state-dir", str(state_dir)]) == 0
     out = capsys.readouterr().out
@@ -790,7 +973,9 @@ def test_reload_command_applied_and_rejected(daemon: tuple[FakeDaemon, Path], ca
     assert captured.err.startswith("agentd: reload rejected")
 
 
-def test_send_creates_session_and_prints_reply(daemon: tuple[FakeDaemon, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_send_creates_session_and_prints_reply(
+    daemon: tuple[FakeDaemon, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     fake, state_dir = daemon
     fake.turn_status = "completed"
     assert cli.main(["send", "--state-dir", str(state_dir), "--assistant", "billing", "what", "time?"]) == 0
@@ -802,7 +987,9 @@ def test_send_creates_session_and_prints_reply(daemon: tuple[FakeDaemon, Path], 
     assert msgspec.json.decode(fake.requests[-1][3]) == {"content": "what time?", "wait": True}
 
 
-def test_send_to_session_reports_unfinished_turn(daemon: tuple[FakeDaemon, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_send_to_session_reports_unfinished_turn(
+    daemon: tuple[FakeDaemon, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     fake, state_dir = daemon
     fake.turn_status = "deadline"
     assert cli.main(["send", "--state-dir", str(state_dir), "--session", SESSION_ID, "hi"]) == 1
@@ -820,7 +1007,9 @@ def test_send_api_errors_exit_1(daemon: tuple[FakeDaemon, Path], capsys: pytest.
     assert "turn_running" in capsys.readouterr().err
 
 
-def test_chat_shows_events_then_reply(daemon: tuple[FakeDaemon, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chat_shows_events_then_reply(
+    daemon: tuple[FakeDaemon, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake, state_dir = daemon
     monkeypatch.setattr(sys, "stdin", io.StringIO("what time is it?\n\nbusy\nagain\n"))
     assert cli.main(["chat", "--state-dir", str(state_dir)]) == 0
@@ -858,7 +1047,9 @@ def test_chat_shows_events_then_reply(daemon: tuple[FakeDaemon, Path], capsys: p
     assert [p["wait"] for p in posted] == [False, False, False]
 
 
-def test_chat_recovers_when_the_stream_ends_early(daemon: tuple[FakeDaemon, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chat_recovers_when_the_stream_ends_early(
+    daemon: tuple[FakeDaemon, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, state_dir = daemon
     monkeypatch.setattr(sys, "stdin", io.StringIO("drop\n"))
     assert cli.main(["chat", "--state-dir", str(state_dir), "--session", SESSION_ID]) == 0
@@ -874,7 +1065,10 @@ def test_chat_recovers_when_the_stream_ends_early(daemon: tuple[FakeDaemon, Path
 
 def test_reply_entries_after_last_tool_call() -> None:
     messages = msgspec.convert(TURN_MESSAGES, list[Entry])
-    assert [e.content for e in cli.reply_entries(messages)] == ["Connecting you to billing.", "Billing here. What can I do for you?"]
+    assert [e.content for e in cli.reply_entries(messages)] == [
+        "Connecting you to billing.",
+        "Billing here. What can I do for you?",
+    ]
     only_calls = messages[:3]  # a turn that ran out of steps: no answer yet
     assert cli.reply_entries(only_calls) == []
 
@@ -886,7 +1080,10 @@ def test_describe_event_ignores_noise() -> None:
     assert cli.describe_event("step.done", {**base, "step": 1, "content": "answer", "tool_calls": []}) is None
     error_line = cli.describe_event("tool.result", {**base, "name": "clock", "is_error": True, "content": "x" * 500})
     assert error_line is not None and error_line.startswith("  <- clock [error]: ") and len(error_line) < 260
-    assert cli.describe_event("session.failed", {**base, "error": "crashed 6 times"}) == "  [session failed] crashed 6 times"
+    assert (
+        cli.describe_event("session.failed", {**base, "error": "crashed 6 times"})
+        == "  [session failed] crashed 6 times"
+    )
 
 
 def test_no_command_means_run() -> None:

@@ -58,7 +58,7 @@ def assert_error(response: httpx.Response, status: int) -> dict[str, Any]:
 
 
 def assert_turn_shape(turn: dict[str, Any]) -> None:
-    assert TURN_KEYS <= set(turn), turn
+    assert set(turn) >= TURN_KEYS, turn
     assert isinstance(turn["id"], str) and turn["id"]
     assert isinstance(turn["models"], list) and isinstance(turn["steps"], int) and isinstance(turn["restarts"], int)
     assert isinstance(turn["discarded"], list)
@@ -124,7 +124,7 @@ def test_create_session_returns_the_session_with_its_opener(daemon: Daemon) -> N
     response = daemon.api("POST", "/v1/sessions", {})
     assert response.status_code == 201
     session = response.json()
-    assert SESSION_KEYS <= set(session)
+    assert set(session) >= SESSION_KEYS
     assert session["assistant"] == "main" and session["state"] == "idle" and session["model"] == MODEL
     assert session["generation"] == 1 and session["turns"] == []
     for entry in session["transcript"]:
@@ -159,7 +159,12 @@ def test_post_message_wait_and_no_wait_and_the_full_session(daemon: Daemon) -> N
     assert set(result) >= {"turn", "messages"}
     turn = result["turn"]
     assert_turn_shape(turn)
-    assert turn["status"] == "completed" and turn["models"] == [MODEL] and turn["restarts"] == 0 and turn["discarded"] == []
+    assert (
+        turn["status"] == "completed"
+        and turn["models"] == [MODEL]
+        and turn["restarts"] == 0
+        and turn["discarded"] == []
+    )
     assert turn["steps"] == 1
     assert result["messages"], "a waited message returns the turn's entries"
     for entry in result["messages"]:
@@ -174,7 +179,7 @@ def test_post_message_wait_and_no_wait_and_the_full_session(daemon: Daemon) -> N
     assert daemon.turn(session, second_id)["status"] == "completed"
 
     full = daemon.session(session)
-    assert SESSION_KEYS <= set(full)
+    assert set(full) >= SESSION_KEYS
     seqs = [e["seq"] for e in full["transcript"]]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     for entry in full["transcript"]:
@@ -303,7 +308,9 @@ def test_metrics_is_prometheus_text(daemon: Daemon) -> None:
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
     assert "# TYPE agentd_turns_total counter" in text or "# TYPE agentd_turns counter" in text
-    completed = [line for line in text.splitlines() if line.startswith("agentd_turns_total{") and 'status="completed"' in line]
+    completed = [
+        line for line in text.splitlines() if line.startswith("agentd_turns_total{") and 'status="completed"' in line
+    ]
     assert completed and float(completed[0].rsplit(" ", 1)[1]) >= 1
     idle = [line for line in text.splitlines() if line.startswith('agentd_sessions{state="idle"}')]
     assert idle and float(idle[0].rsplit(" ", 1)[1]) >= 1
@@ -317,14 +324,17 @@ def test_metrics_is_prometheus_text(daemon: Daemon) -> None:
 def test_tcp_listener_requires_the_bearer_token(tmp_path: Path) -> None:
     port = free_port()
     token = "s3cret-token"
-    with running_daemon(tmp_path, config(tmp_path / "never"), args=["--listen", f"127.0.0.1:{port}"],
-                        env={"AGENTD_API_TOKEN": token}):
+    with running_daemon(
+        tmp_path, config(tmp_path / "never"), args=["--listen", f"127.0.0.1:{port}"], env={"AGENTD_API_TOKEN": token}
+    ):
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as tcp:
+
             def answered() -> httpx.Response | None:
                 try:
                     return tcp.get("/v1/health")
                 except httpx.TransportError:
                     return None
+
             assert_error(wait_until(answered, "the TCP listener to answer"), 401)
             assert_error(tcp.get("/v1/status"), 401)
             assert_error(tcp.get("/v1/status", headers={"Authorization": "Bearer wrong"}), 401)
@@ -339,8 +349,21 @@ def test_listen_without_a_token_is_a_usage_error(tmp_path: Path) -> None:
     env = agentd_env(tmp_path)
     assert "AGENTD_API_TOKEN" not in env
     run = subprocess.run(
-        [sys.executable, "-m", "agentd", "run", "--state-dir", str(tmp_path / "state"), "--listen", f"127.0.0.1:{free_port()}"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=TIMEOUT,
+        [
+            sys.executable,
+            "-m",
+            "agentd",
+            "run",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=TIMEOUT,
     )
     assert run.returncode == 2, run.stderr
     assert "AGENTD_API_TOKEN" in run.stderr

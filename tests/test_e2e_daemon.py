@@ -47,6 +47,7 @@ def start_held_turn(daemon: Daemon, session: str, text: str = "work"):  # type: 
 
 def ready_children(daemon: Daemon, sessions: list[str]) -> dict[str, int]:
     """Wait until every one of ``sessions`` has a ready child; return session → child pid."""
+
     def get() -> dict[str, int] | None:
         found = {}
         for child in daemon.status()["children"]:
@@ -54,6 +55,7 @@ def ready_children(daemon: Daemon, sessions: list[str]) -> dict[str, int]:
                 for session in child["sessions"]:
                     found[session] = child["pid"]
         return found if all(s in found for s in sessions) else None
+
     return wait_until(get, f"ready children for {sessions}")
 
 
@@ -74,7 +76,9 @@ def test_run_owns_pid_and_socket_refuses_a_second_daemon_and_cleans_up(tmp_path:
         assert stat.S_ISSOCK(mode)
         assert stat.S_IMODE(mode) == 0o600, oct(stat.S_IMODE(mode))
 
-        second = subprocess.run(daemon.command(), env=daemon.env, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
+        second = subprocess.run(
+            daemon.command(), env=daemon.env, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT
+        )
         assert second.returncode == 1, second.stderr
         assert str(daemon.process.pid) in second.stderr, second.stderr
         assert "running" in second.stderr, second.stderr
@@ -123,9 +127,11 @@ def test_kill_9_of_the_supervisor_takes_every_child_down(tmp_path: Path) -> None
         os.kill(daemon.process.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         assert daemon.wait_exit() == -signal.SIGKILL
-        wait_until(lambda: not any(pid_alive(p) for p in pids),
-                   f"every child of the killed supervisor to die (alive: {[p for p in pids if pid_alive(p)]})",
-                   timeout=max(0.1, 2.0 - (time.monotonic() - killed_at)))
+        wait_until(
+            lambda: not any(pid_alive(p) for p in pids),
+            f"every child of the killed supervisor to die (alive: {[p for p in pids if pid_alive(p)]})",
+            timeout=max(0.1, 2.0 - (time.monotonic() - killed_at)),
+        )
 
 
 def test_closing_a_session_reaps_its_child_and_leaves_no_zombie(tmp_path: Path) -> None:
@@ -156,8 +162,9 @@ def test_a_crashed_child_is_respawned_and_its_interrupted_turn_reruns(tmp_path: 
         os.kill(old_pid, signal.SIGKILL)
         # The respawned child re-runs the turn: a new model call of the same turn starts.
         events.wait("step.started", lambda d: d["turn"] == turn_id)
-        new_pid = wait_until(lambda: (p := ready_children(daemon, [session])[session]) != old_pid and p,
-                             "a new child for the session")
+        new_pid = wait_until(
+            lambda: (p := ready_children(daemon, [session])[session]) != old_pid and p, "a new child for the session"
+        )
         assert pid_alive(new_pid)
         wait_until(lambda: reaped(old_pid), f"the crashed child {old_pid} to be reaped")
         assert zombie_children_of(daemon.process.pid) == []
@@ -255,8 +262,10 @@ def test_sigterm_mid_turn_drains_the_turn_commits_it_and_exits_0(tmp_path: Path)
         pids = set(ready_children(daemon, [busy, other]).values())
 
         daemon.signal(signal.SIGTERM)
-        not_ready = wait_until(lambda: (r := daemon.api("GET", "/v1/ready")).status_code == 503 and r,
-                               "/v1/ready to answer 503 while draining")
+        not_ready = wait_until(
+            lambda: (r := daemon.api("GET", "/v1/ready")).status_code == 503 and r,
+            "/v1/ready to answer 503 while draining",
+        )
         assert not_ready.json()["ready"] is False
         assert "draining" in not_ready.json()["reasons"]
         refused = daemon.api("POST", f"/v1/sessions/{other}/messages", {"content": "more work"})

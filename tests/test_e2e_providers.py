@@ -43,8 +43,9 @@ OLD, NEW = "qwen-old:4b", "llama-new:3b"
 # --------------------------------------------------------------------------- configs and scripts
 
 
-def ollama_config(model: str, endpoints: list[str], *, deadline: str = "60s", tools: tuple[str, ...] = ("clock",),
-                  options: str = "") -> str:
+def ollama_config(
+    model: str, endpoints: list[str], *, deadline: str = "60s", tools: tuple[str, ...] = ("clock",), options: str = ""
+) -> str:
     return f"""
 [intelligence]
 provider = "ollama"
@@ -135,8 +136,10 @@ def released_at_exit(gate: threading.Event) -> Iterator[threading.Event]:
 
 
 def test_a_turn_with_a_tool_step_against_ollama(tmp_path: Path) -> None:
-    with FakeOllama(default=tool_then_answer("clock")) as server, \
-            running_daemon(tmp_path, ollama_config(OLD, [server.url])) as daemon:
+    with (
+        FakeOllama(default=tool_then_answer("clock")) as server,
+        running_daemon(tmp_path, ollama_config(OLD, [server.url])) as daemon,
+    ):
         session = daemon.new_session()
         result = daemon.send(session, "what time is it?")
         turn = result["turn"]
@@ -170,9 +173,11 @@ def test_a_turn_with_a_tool_step_against_ollama(tmp_path: Path) -> None:
 
 def test_finish_on_old_mid_turn_swap_against_ollama(tmp_path: Path) -> None:
     gate = threading.Event()
-    with FakeOllama(default=tool_then_answer("record", record_model)) as server, \
-            running_daemon(tmp_path, ollama_config(OLD, [server.url], tools=("tests.tooling:record",))) as daemon, \
-            released_at_exit(gate):
+    with (
+        FakeOllama(default=tool_then_answer("record", record_model)) as server,
+        running_daemon(tmp_path, ollama_config(OLD, [server.url], tools=("tests.tooling:record",))) as daemon,
+        released_at_exit(gate),
+    ):
         server.script(Reply(tool_calls=(FakeCall("record", {"label": "held-step-1"}),), gate=gate))
         session = daemon.new_session()
         turn_id, events = start_turn(daemon, session)
@@ -206,10 +211,15 @@ def test_finish_on_old_mid_turn_swap_against_ollama(tmp_path: Path) -> None:
 
 def test_restart_turn_mid_turn_swap_against_ollama(tmp_path: Path) -> None:
     gate = threading.Event()
-    with FakeOllama(default=tool_then_answer("record", record_model)) as server, \
-            running_daemon(tmp_path, ollama_config(OLD, [server.url], tools=("tests.tooling:record",)),
-                           args=["--model-swap", "restart-turn"]) as daemon, \
-            released_at_exit(gate):
+    with (
+        FakeOllama(default=tool_then_answer("record", record_model)) as server,
+        running_daemon(
+            tmp_path,
+            ollama_config(OLD, [server.url], tools=("tests.tooling:record",)),
+            args=["--model-swap", "restart-turn"],
+        ) as daemon,
+        released_at_exit(gate),
+    ):
         server.script(Reply(tool_calls=(FakeCall("record", {"label": "discarded-step-1"}),), gate=gate))
         session = daemon.new_session()
         turn_id, events = start_turn(daemon, session)
@@ -247,8 +257,10 @@ def test_restart_turn_mid_turn_swap_against_ollama(tmp_path: Path) -> None:
 
 def test_failover_to_the_second_endpoint_when_the_first_refuses(tmp_path: Path) -> None:
     [dead] = distinct_refused_urls(1)
-    with FakeOllama(default=tool_then_answer("clock")) as server, \
-            running_daemon(tmp_path, ollama_config(OLD, [dead, server.url])) as daemon:
+    with (
+        FakeOllama(default=tool_then_answer("clock")) as server,
+        running_daemon(tmp_path, ollama_config(OLD, [dead, server.url])) as daemon,
+    ):
         session = daemon.new_session()
         first = daemon.send(session, "hello")
         second = daemon.send(session, "again")
@@ -309,14 +321,18 @@ def test_all_endpoints_down_ends_intel_unavailable_and_the_session_stays_usable(
             assert result["messages"][-1]["model"] == OLD
             assert server.models_served() == [OLD]
             # The failed turn's user message is part of the history the live endpoint was given.
-            assert [m["content"] for m in server.chat_requests[0].body["messages"] if m["role"] == "user"] == \
-                ["work", "are you there?"]
+            assert [m["content"] for m in server.chat_requests[0].body["messages"] if m["role"] == "user"] == [
+                "work",
+                "are you there?",
+            ]
 
 
 def test_a_repoint_while_waiting_on_dead_endpoints_completes_the_same_turn(tmp_path: Path) -> None:
     dead = distinct_refused_urls(2)
-    with FakeOllama(default=tool_then_answer("clock")) as server, \
-            running_daemon(tmp_path, ollama_config(OLD, dead, deadline="45s")) as daemon:
+    with (
+        FakeOllama(default=tool_then_answer("clock")) as server,
+        running_daemon(tmp_path, ollama_config(OLD, dead, deadline="45s")) as daemon,
+    ):
         session = daemon.new_session()
         turn_id, events = start_turn(daemon, session)
         events.wait("intel.waiting", lambda d: d["turn"] == turn_id)
@@ -351,9 +367,12 @@ def test_the_api_key_appears_nowhere(tmp_path: Path) -> None:
     key = "sk-test-" + secrets.token_hex(20)
     bearer = f"Bearer {key}"
     needles = [key, bearer, key[8:28]]  # the key, the header, and a long piece of its random part
-    with FakeOpenAI(api_key=key, default=tool_then_answer("clock")) as server, \
-            running_daemon(tmp_path, openai_config(f"{server.url}/v1", "AGENTD_TEST_KEY"),
-                           env={"AGENTD_TEST_KEY": key}) as daemon:
+    with (
+        FakeOpenAI(api_key=key, default=tool_then_answer("clock")) as server,
+        running_daemon(
+            tmp_path, openai_config(f"{server.url}/v1", "AGENTD_TEST_KEY"), env={"AGENTD_TEST_KEY": key}
+        ) as daemon,
+    ):
         responses: list[str] = []
 
         def api(method: str, path: str, body: Any = None, expect: int = 200) -> Any:
@@ -373,8 +392,12 @@ def test_the_api_key_appears_nowhere(tmp_path: Path) -> None:
             return result
 
         # Retryable faults, each echoing the key, then an answer: the turns complete.
-        turn("completed", status(500, "boom", echo_auth=True), status(503, "busy", retry_after="1", echo_auth=True),
-             Reply(content="after 500 and 503"))
+        turn(
+            "completed",
+            status(500, "boom", echo_auth=True),
+            status(503, "busy", retry_after="1", echo_auth=True),
+            Reply(content="after 500 and 503"),
+        )
         turn("completed", status(429, "slow down", retry_after="0", echo_auth=True), Reply(content="after 429"))
         turn("completed", drop_mid_stream(after=2), echo_in_stream_error, Reply(content="after a dropped stream"))
         # Errors that are not failed over end the turn: their texts would be the likeliest place to leak.
@@ -419,9 +442,12 @@ def test_the_api_key_appears_nowhere(tmp_path: Path) -> None:
 
     log = daemon.log_path.read_bytes()
     stopped_state = state_bytes()
-    places: dict[str, bytes] = {"daemon log": log, **{f"API/SSE #{i}": r.encode() for i, r in enumerate(responses)},
-                                **{f"while running: {k}": v for k, v in running_state.items()},
-                                **{f"after stop: {k}": v for k, v in stopped_state.items()}}
+    places: dict[str, bytes] = {
+        "daemon log": log,
+        **{f"API/SSE #{i}": r.encode() for i, r in enumerate(responses)},
+        **{f"while running: {k}": v for k, v in running_state.items()},
+        **{f"after stop: {k}": v for k, v in stopped_state.items()},
+    }
     leaks = [(where, needle) for where, data in places.items() for needle in needles if needle.encode() in data]
     assert not leaks, f"the API key leaked into: {sorted({w for w, _ in leaks})}"
     # The search was not vacuous: the servers' echoing error texts did reach the log and the API

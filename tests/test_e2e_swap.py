@@ -9,9 +9,9 @@ from __future__ import annotations
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
-from typing import Any
 
 from tests.child_harness import tool_log
 from tests.daemon_harness import Daemon, running_daemon, wait_until
@@ -19,8 +19,15 @@ from tests.daemon_harness import Daemon, running_daemon, wait_until
 pytestmark = pytest.mark.e2e
 
 DOCUMENTED_STATUSES = {
-    "completed", "transferred", "exhausted_steps", "exhausted_tokens", "deadline", "loop_detected",
-    "cancelled", "intel_unavailable", "failed",
+    "completed",
+    "transferred",
+    "exhausted_steps",
+    "exhausted_tokens",
+    "deadline",
+    "loop_detected",
+    "cancelled",
+    "intel_unavailable",
+    "failed",
 }
 
 
@@ -113,7 +120,9 @@ def test_restart_turn_reruns_on_the_new_model(tmp_path: Path, how: str) -> None:
 
 def test_repoint_never_restarts_and_an_idle_session_swaps_at_once(tmp_path: Path) -> None:
     gate = tmp_path / "model.gate"
-    with running_daemon(tmp_path, config(options=f"steps = 1, {hold(gate)}"), args=["--model-swap", "restart-turn"]) as daemon:
+    with running_daemon(
+        tmp_path, config(options=f"steps = 1, {hold(gate)}"), args=["--model-swap", "restart-turn"]
+    ) as daemon:
         busy, idle = daemon.new_session(), daemon.new_session()
         idle_events = daemon.events(idle)
         turn_id, events = start_held_turn(daemon, busy)
@@ -197,8 +206,9 @@ def test_fifty_sighups_while_turns_run(tmp_path: Path) -> None:
 def test_a_sighup_during_start_up_is_a_reload_not_a_kill(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path, config())
     daemon._log = open(daemon.log_path, "wb")  # noqa: SIM115 - closed by daemon.stop()
-    daemon.process = subprocess.Popen(daemon.command(), stdout=daemon._log, stderr=subprocess.STDOUT,
-                                      env=daemon.env, cwd=tmp_path)
+    daemon.process = subprocess.Popen(
+        daemon.command(), stdout=daemon._log, stderr=subprocess.STDOUT, env=daemon.env, cwd=tmp_path
+    )
     # The pid file appears while the daemon is still starting (before it serves the API).
     wait_until(lambda: (daemon.state_dir / "agentd.pid").exists(), "the pid file")
     daemon.process.send_signal(signal.SIGHUP)
@@ -237,7 +247,9 @@ def test_reloads_that_would_strand_sessions_or_cannot_be_read_are_rejected(tmp_p
         rejected = daemon.api("POST", "/v1/reload")
         assert rejected.status_code == 422
         assert any(e["path"] == "assistants" and "'main'" in e["message"] for e in rejected.json()["errors"])
-        daemon.config_path.write_bytes(config().replace('name = "main"', 'name = "main"\nsystem = "caf\u00e9"').encode("latin-1"))
+        daemon.config_path.write_bytes(
+            config().replace('name = "main"', 'name = "main"\nsystem = "caf\u00e9"').encode("latin-1")
+        )
         unreadable = daemon.api("POST", "/v1/reload")
         assert unreadable.status_code == 422 and "UTF-8" in unreadable.text
         daemon.signal(signal.SIGHUP)

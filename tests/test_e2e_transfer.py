@@ -57,7 +57,13 @@ def picture(transcript: list[dict]) -> list[str]:
 EXPECTED = {
     "rolling-history": ["S:triage", "A:triage", "U", "TT", "TR", "A:triage", "S:billing", "A:billing"],
     "swap-system-message-in-history": ["S:billing", "A:triage", "U", "TT", "TR", "A:triage", "A:billing"],
-    "swap-system-message-in-history-and-remove-transfer-tool-messages": ["S:billing", "A:triage", "U", "A:triage", "A:billing"],
+    "swap-system-message-in-history-and-remove-transfer-tool-messages": [
+        "S:billing",
+        "A:triage",
+        "U",
+        "A:triage",
+        "A:billing",
+    ],
     "delete-history": ["S:billing", "A:billing"],
 }
 

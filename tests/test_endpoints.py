@@ -102,7 +102,9 @@ def test_custom_policy() -> None:
     assert endpoints.health[0].cooldown == 2.0
 
 
-@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["ok", "fail", "release"]), st.floats(0, 30)), max_size=60))
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["ok", "fail", "release"]), st.floats(0, 30)), max_size=60)
+)
 def test_invariants_under_any_history(events: list[tuple[int, str, float]]) -> None:
     endpoints = Endpoints(URLS)
     now = 0.0
@@ -111,8 +113,11 @@ def test_invariants_under_any_history(events: list[tuple[int, str, float]]) -> N
         picked = endpoints.pick(now, exclude=[i for i in range(3) if i != index])
         if picked is None:
             continue
-        {"ok": lambda: endpoints.succeeded(picked), "fail": lambda: endpoints.failed(picked, now),
-         "release": lambda: endpoints.released(picked)}[outcome]()
+        {
+            "ok": lambda: endpoints.succeeded(picked),
+            "fail": lambda: endpoints.failed(picked, now),
+            "release": lambda: endpoints.released(picked),
+        }[outcome]()
         for health in endpoints.health:
             assert 5.0 <= health.cooldown <= 60.0
             assert health.state is not BreakerState.HALF_OPEN  # every probe got a verdict

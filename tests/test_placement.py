@@ -39,8 +39,12 @@ def test_least_loaded_active_child_wins_then_fewest_in_flight_then_oldest_id() -
 
 
 def test_spares_starting_and_draining_children_take_no_session_while_an_active_one_has_room() -> None:
-    pool = [child("c1", loaded=2), child("s", ChildRole.SPARE), child("d", ChildRole.DRAINING),
-            child("n", ChildRole.STARTING)]
+    pool = [
+        child("c1", loaded=2),
+        child("s", ChildRole.SPARE),
+        child("d", ChildRole.DRAINING),
+        child("n", ChildRole.STARTING),
+    ]
     assert place(pool, SIZE).child == "c1"
 
 
@@ -64,8 +68,12 @@ def test_no_spare_spawns_until_max_children_then_waits() -> None:
 
 
 def test_quarantine_children_do_not_count_against_max_children() -> None:
-    pool = [child("c1", loaded=3), child("c2", loaded=3), child("c3", loaded=3),
-            child("q", ChildRole.QUARANTINE, loaded=1)]
+    pool = [
+        child("c1", loaded=3),
+        child("c2", loaded=3),
+        child("c3", loaded=3),
+        child("q", ChildRole.QUARANTINE, loaded=1),
+    ]
     assert place(pool, SIZE).spawn
 
 
@@ -117,8 +125,13 @@ def test_lowering_max_children_drains_the_least_loaded_children_with_sessions() 
 
 
 def test_a_draining_child_is_retired_once_empty() -> None:
-    pool = [child("c1"), child("c2"), child("s1", ChildRole.SPARE), child("d", ChildRole.DRAINING),
-            child("d2", ChildRole.DRAINING, loaded=1)]
+    pool = [
+        child("c1"),
+        child("c2"),
+        child("s1", ChildRole.SPARE),
+        child("d", ChildRole.DRAINING),
+        child("d2", ChildRole.DRAINING, loaded=1),
+    ]
     assert plan_pool(pool, SIZE).retire == ("d",)
 
 

@@ -104,10 +104,19 @@ _ASSISTANT_CALLS = AssistantMessage(
 )
 _TOOL = ToolResult(name="clock", content="2024-05-01T13:00:00+01:00", call_id="call-1", turn="t-1")
 _TOOL_ERROR = ToolResult(
-    name="transfer_to_billing", content="invalid arguments: not a JSON object", call_id="call-2", is_error=True, turn="t-1"
+    name="transfer_to_billing",
+    content="invalid arguments: not a JSON object",
+    call_id="call-2",
+    is_error=True,
+    turn="t-1",
 )
 _ASSISTANT_ANSWER = AssistantMessage(
-    content="It is 13:00 in Paris.", name="triage", images=("d29ybGQ=",), model="echo-large", assistant="triage", turn="t-1"
+    content="It is 13:00 in Paris.",
+    name="triage",
+    images=("d29ybGQ=",),
+    model="echo-large",
+    assistant="triage",
+    turn="t-1",
 )
 
 
@@ -121,8 +130,12 @@ def _samples() -> list[Any]:
         Failed(error="session store unreachable", session="s-1", turn="t-1"),
         Open(session="s-1", assistant="triage", transcript=[_SYSTEM, _USER, _ASSISTANT_CALLS, _TOOL]),
         Close(session="s-1"),
-        Input(session="s-1", turn="t-2", message=UserMessage(content="Transfer me to billing", name="alice"),
-              started_at=1764583200.5),
+        Input(
+            session="s-1",
+            turn="t-2",
+            message=UserMessage(content="Transfer me to billing", name="alice"),
+            started_at=1764583200.5,
+        ),
         Cancel(session="s-1", turn="t-2"),
         Event(
             session="s-1",
@@ -283,7 +296,9 @@ def test_swap_policy_wire_values() -> None:
 
 
 def test_unknown_policy_value_is_a_protocol_error() -> None:
-    payload = msgspec.msgpack.encode({"type": "swap_intel", "generation": 1, "policy": "finish_on_old", "intelligence": {}})
+    payload = msgspec.msgpack.encode(
+        {"type": "swap_intel", "generation": 1, "policy": "finish_on_old", "intelligence": {}}
+    )
     with pytest.raises(ProtocolError):
         decode_payload(payload)
 

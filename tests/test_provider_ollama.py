@@ -37,7 +37,11 @@ from tests.fakes import (
 pytestmark = pytest.mark.anyio
 
 FAST = RetryPolicy(rounds=3, backoff=0.01, max_backoff=0.02, jitter=0.0, max_wait=5.0)
-CLOCK_TOOL = ToolSpec(name="clock", description="The time", parameters={"type": "object", "properties": {"offset_hours": {"type": "integer"}}})
+CLOCK_TOOL = ToolSpec(
+    name="clock",
+    description="The time",
+    parameters={"type": "object", "properties": {"offset_hours": {"type": "integer"}}},
+)
 
 
 class ManualClock:
@@ -75,8 +79,13 @@ async def fails(provider: OllamaProvider, request: CompletionRequest | None = No
 
 
 async def test_streaming_answer_with_thinking_tools_and_usage() -> None:
-    reply = Reply(content="Let me check.", thinking="The user wants the time twice.", input_tokens=42, output_tokens=7,
-                  tool_calls=(FakeCall("clock", {"offset_hours": 1}), FakeCall("clock", {"offset_hours": 2})))
+    reply = Reply(
+        content="Let me check.",
+        thinking="The user wants the time twice.",
+        input_tokens=42,
+        output_tokens=7,
+        tool_calls=(FakeCall("clock", {"offset_hours": 1}), FakeCall("clock", {"offset_hours": 2})),
+    )
     with FakeOllama(default=reply) as server:
         async with opened(make(server.url, options={"think": True, "temperature": 0.1, "num_ctx": 8192})) as provider:
             history: list[Message] = [
@@ -86,7 +95,10 @@ async def test_streaming_answer_with_thinking_tools_and_usage() -> None:
             completion = await provider.complete(ask(*history, tools=(CLOCK_TOOL,)))
     message = completion.message
     assert message.content == "Let me check." and message.thinking == "The user wants the time twice."
-    assert [(c.name, c.arguments) for c in message.tool_calls] == [("clock", {"offset_hours": 1}), ("clock", {"offset_hours": 2})]
+    assert [(c.name, c.arguments) for c in message.tool_calls] == [
+        ("clock", {"offset_hours": 1}),
+        ("clock", {"offset_hours": 2}),
+    ]
     assert [c.id for c in message.tool_calls] == ["call_fake1_0", "call_fake1_1"]  # the server's ids are kept
     assert (message.turn, message.model, message.assistant) == (None, None, None)
     assert completion.usage == Usage(42, 7) and completion.model == "llama3"
@@ -113,7 +125,11 @@ async def test_tool_round_trip_history_goes_out_with_names_and_ids() -> None:
             completion = await provider.complete(ask(*history))
     assert completion.message.content == "It is noon."
     sent = server.chat_requests[0].body["messages"]
-    assert sent[1] == {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1_0", "function": {"index": 0, "name": "clock", "arguments": {}}}]}
+    assert sent[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "call_1_0", "function": {"index": 0, "name": "clock", "arguments": {}}}],
+    }
     assert sent[2] == {"role": "tool", "content": "12:00", "tool_name": "clock", "tool_call_id": "call_1_0"}
 
 
@@ -285,7 +301,10 @@ async def test_fails_over_when_the_primary_refuses_connections() -> None:
 
 async def test_breaker_opens_then_probes_and_sticks_to_the_lowest_healthy() -> None:
     clock = ManualClock()
-    with FakeOllama(default=Reply(content="primary")) as primary, FakeOllama(default=Reply(content="secondary")) as secondary:
+    with (
+        FakeOllama(default=Reply(content="primary")) as primary,
+        FakeOllama(default=Reply(content="secondary")) as secondary,
+    ):
         primary.script(status(500), status(500), status(500), status(500))
         async with opened(make(primary.url, secondary.url, clock=clock)) as provider:
             for _ in range(3):  # each call: primary fails, secondary answers
@@ -309,7 +328,9 @@ async def test_breaker_opens_then_probes_and_sticks_to_the_lowest_healthy() -> N
 async def test_fresh_provider_means_fresh_health() -> None:
     clock = ManualClock()
     url = refused_url()
-    async with opened(make(url, clock=clock, breaker=BreakerPolicy(failure_threshold=1), retry=RetryPolicy(rounds=1))) as provider:
+    async with opened(
+        make(url, clock=clock, breaker=BreakerPolicy(failure_threshold=1), retry=RetryPolicy(rounds=1))
+    ) as provider:
         await fails(provider)
         assert provider.endpoints.state(0) is BreakerState.OPEN
     async with opened(make(url, clock=clock)) as rebuilt:  # a swap builds a new provider
@@ -368,7 +389,9 @@ async def test_invalid_history_and_options_are_request_errors() -> None:
 async def test_bearer_key_is_sent_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTD_TEST_OLLAMA_KEY", "ollama-secret-value")
     with FakeOllama() as server:
-        intelligence = Intelligence(provider="ollama", endpoints=(server.url,), model="m", api_key_env="AGENTD_TEST_OLLAMA_KEY")
+        intelligence = Intelligence(
+            provider="ollama", endpoints=(server.url,), model="m", api_key_env="AGENTD_TEST_OLLAMA_KEY"
+        )
         async with opened(OllamaProvider(intelligence)) as provider:
             await provider.complete(ask())
             assert "ollama-secret-value" not in repr(provider)
@@ -391,7 +414,9 @@ async def test_the_ollama_example_config_works_against_the_fake() -> None:
             provider = build_provider(local)
             assert isinstance(provider, OllamaProvider)
             async with opened(provider):
-                completion = await provider.complete(ask(tools=tuple(resolve_tool(ref).spec for ref in config.assistant(name).tools)))
+                completion = await provider.complete(
+                    ask(tools=tuple(resolve_tool(ref).spec for ref in config.assistant(name).tools))
+                )
             assert completion.message.content == "Hello from the example."
     assert server.models_served() == ["qwen3:4b", "llama3.2:3b"]
     first, second = (r.body for r in server.chat_requests)

@@ -41,7 +41,11 @@ pytestmark = pytest.mark.anyio
 FAST = RetryPolicy(rounds=3, backoff=0.01, max_backoff=0.02, jitter=0.0, max_wait=5.0)
 KEY_ENV = "AGENTD_TEST_OPENAI_KEY"
 KEY = "sk-test-9f8e7d6c5b4a-SECRET"
-LOOKUP = ToolSpec(name="lookup", description="Look a word up", parameters={"type": "object", "properties": {"word": {"type": "string"}}})
+LOOKUP = ToolSpec(
+    name="lookup",
+    description="Look a word up",
+    parameters={"type": "object", "properties": {"word": {"type": "string"}}},
+)
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +55,9 @@ def api_key(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def make(*urls: str, model: str = "gpt-test", options: dict[str, Any] | None = None, **kwargs: Any) -> OpenAIProvider:
-    intelligence = Intelligence(provider="openai", endpoints=urls, model=model, api_key_env=KEY_ENV, options=options or {})
+    intelligence = Intelligence(
+        provider="openai", endpoints=urls, model=model, api_key_env=KEY_ENV, options=options or {}
+    )
     return OpenAIProvider(intelligence, retry=kwargs.pop("retry", FAST), **kwargs)
 
 
@@ -127,8 +133,13 @@ async def test_history_goes_out_in_the_openai_shape() -> None:
     body = server.chat_requests[0].body
     assert body["messages"] == [
         {"role": "user", "content": "define alpha", "name": "ana"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1_0", "type": "function", "function": {"name": "lookup", "arguments": '{"word":"alpha"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1_0", "type": "function", "function": {"name": "lookup", "arguments": '{"word":"alpha"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1_0", "content": "first letter"},
     ]
     assert (body["temperature"], body["max_tokens"], body["model"]) == (0.3, 64, "gpt-test")
@@ -206,7 +217,9 @@ async def test_retryable_faults_are_retried(fault: Any) -> None:
     assert [r.outcome for r in server.chat_requests] == [fault.kind, "reply"]
 
 
-@pytest.mark.parametrize("fault", [drop_mid_stream(), stall(), stream_error("engine died")], ids=["dropped", "stall", "error-body"])
+@pytest.mark.parametrize(
+    "fault", [drop_mid_stream(), stall(), stream_error("engine died")], ids=["dropped", "stall", "error-body"]
+)
 async def test_non_stream_faults_are_retried(fault: Any) -> None:
     with FakeOpenAI(default=Reply(content="recovered")) as server:
         server.script(fault)
@@ -232,8 +245,14 @@ async def test_stall_past_the_read_timeout_fails_over() -> None:
         (status(404, "The model `gpt-test` does not exist"), IntelErrorKind.REQUEST),
         (malformed_chunk(after=2), IntelErrorKind.MALFORMED),
         (raw(200, b'{"not": "a completion"}'), IntelErrorKind.MALFORMED),
-        (raw(200, b'data: {"error": {"message": "prompt too long", "type": "invalid_request_error"}}\n\n', "text/event-stream"),
-         IntelErrorKind.REQUEST),
+        (
+            raw(
+                200,
+                b'data: {"error": {"message": "prompt too long", "type": "invalid_request_error"}}\n\n',
+                "text/event-stream",
+            ),
+            IntelErrorKind.REQUEST,
+        ),
     ],
     ids=["401", "403", "400", "404", "malformed-chunk", "wrong-json", "mid-stream-request-error"],
 )
@@ -279,7 +298,9 @@ async def test_the_api_key_appears_in_no_error_repr_or_log() -> None:
     ]
     seen: list[str] = []
     with FakeOpenAI(default=Reply(content="fine")) as server, structlog.testing.capture_logs() as logs:
-        async with opened(make(refused_url(), server.url, options={"read_timeout": 0.3}, retry=RetryPolicy(rounds=1))) as provider:
+        async with opened(
+            make(refused_url(), server.url, options={"read_timeout": 0.3}, retry=RetryPolicy(rounds=1))
+        ) as provider:
             seen.append(repr(provider))
             for fault in faults:
                 server.script(fault)
@@ -287,7 +308,9 @@ async def test_the_api_key_appears_in_no_error_repr_or_log() -> None:
                     await provider.complete(ask())
                 except IntelError as error:
                     seen += [str(error), repr(error), repr(error.args)]
-                provider.endpoints.health = [type(h)() for h in provider.endpoints.health]  # keep both endpoints in play
+                provider.endpoints.health = [
+                    type(h)() for h in provider.endpoints.health
+                ]  # keep both endpoints in play
     assert any("[redacted]" in text for text in seen)  # the echo was there, and was scrubbed
     assert len(seen) > len(faults) // 2
     rendered = [repr(event) for event in logs]
@@ -310,7 +333,9 @@ async def test_the_openai_example_config_works_against_the_fake() -> None:
     with FakeOpenAI(default=Reply(content="Hello from the example.")) as server:
         for intelligence in intelligences.values():
             # Keep the example's failover shape: a dead first endpoint, then the fake.
-            local = msgspec.structs.replace(intelligence, endpoints=(refused_url(), server.url + "/v1"), api_key_env=KEY_ENV)
+            local = msgspec.structs.replace(
+                intelligence, endpoints=(refused_url(), server.url + "/v1"), api_key_env=KEY_ENV
+            )
             provider = build_provider(local)
             assert isinstance(provider, OpenAIProvider)
             async with opened(provider):
@@ -338,26 +363,40 @@ async def test_fake_server_gate_holds_a_step_in_flight() -> None:
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    body = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    body = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     return b"data: " + msgspec.json.encode(body) + b"\n\n"
 
 
 async def test_parallel_calls_all_at_index_0_stay_separate_calls() -> None:
     """Ollama's compat layer streams each whole parallel call with index 0 and its own id."""
-    def call(n: int, path: str) -> dict[str, Any]:
-        return {"id": f"call_{n}", "index": 0, "type": "function",
-                "function": {"name": "lookup", "arguments": msgspec.json.encode({"word": path}).decode()}}
 
-    body = (_chunk({"role": "assistant", "content": "", "tool_calls": [call(1, "alpha")]})
-            + _chunk({"role": "assistant", "content": "", "tool_calls": [call(2, "beta")]})
-            + _chunk({"role": "assistant", "content": ""}, "tool_calls") + b"data: [DONE]\n\n")
+    def call(n: int, path: str) -> dict[str, Any]:
+        return {
+            "id": f"call_{n}",
+            "index": 0,
+            "type": "function",
+            "function": {"name": "lookup", "arguments": msgspec.json.encode({"word": path}).decode()},
+        }
+
+    body = (
+        _chunk({"role": "assistant", "content": "", "tool_calls": [call(1, "alpha")]})
+        + _chunk({"role": "assistant", "content": "", "tool_calls": [call(2, "beta")]})
+        + _chunk({"role": "assistant", "content": ""}, "tool_calls")
+        + b"data: [DONE]\n\n"
+    )
     with FakeOpenAI() as server:
         server.script(raw(200, body, "text/event-stream"))
         async with opened(make(server.url)) as provider:
             completion = await provider.complete(ask(tools=(LOOKUP,)))
     assert [(c.id, c.arguments, c.arguments_error) for c in completion.message.tool_calls] == [
-        ("call_1", {"word": "alpha"}, None), ("call_2", {"word": "beta"}, None)]
+        ("call_1", {"word": "alpha"}, None),
+        ("call_2", {"word": "beta"}, None),
+    ]
 
 
 async def test_a_stream_of_keepalive_comments_that_ends_fails_over() -> None:

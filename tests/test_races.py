@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from agentd.budget import TurnStatus
@@ -44,7 +45,9 @@ tools = ["clock"]
 async def test_a_cancel_during_a_restart_never_commits_the_discarded_attempt() -> None:
     config = parse_config(LOOP)
     new = parse_config(LOOP.replace("old-model", "new-model"))
-    frame = SwapIntel(generation=2, policy=SwapPolicy.RESTART_TURN, intelligence=intelligence_map(new), limits=new.limits)
+    frame = SwapIntel(
+        generation=2, policy=SwapPolicy.RESTART_TURN, intelligence=intelligence_map(new), limits=new.limits
+    )
     session: ChildSession | None = None
 
     async def send(sent: Frame) -> None:
@@ -54,9 +57,11 @@ async def test_a_cancel_during_a_restart_never_commits_the_discarded_attempt() -
         if isinstance(sent, TurnDiscarded):
             assert session.turn_scope is not None
             session.turn_scope.cancel()  # the user's Cancel arrives in the middle of the restart
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
-    session = ChildSession("s", "a", [], config, intelligence_map(config), config.limits, 1, SwapPolicy.RESTART_TURN, send)
+    session = ChildSession(
+        "s", "a", [], config, intelligence_map(config), config.limits, 1, SwapPolicy.RESTART_TURN, send
+    )
     done = await run_turn(session, "t1", UserMessage(content="go", turn="t1"), resolve_tools(["clock"]))
     assert done.record.status is TurnStatus.CANCELLED
     assert done.messages == [], "nothing of the discarded attempt is committed"
@@ -92,10 +97,19 @@ async def test_a_deadline_during_the_generated_opener_leaves_a_whole_handoff(tmp
     config = parse_config(TRANSFER.replace("HOLD", str(tmp_path / "never")))
 
     async def send(_: Frame) -> None:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
-    session = ChildSession("s", "a", [SystemMessage(content="I am A.", name="a")], config, intelligence_map(config),
-                           config.limits, 1, SwapPolicy.FINISH_ON_OLD, send)
+    session = ChildSession(
+        "s",
+        "a",
+        [SystemMessage(content="I am A.", name="a")],
+        config,
+        intelligence_map(config),
+        config.limits,
+        1,
+        SwapPolicy.FINISH_ON_OLD,
+        send,
+    )
     done = await run_turn(session, "t1", UserMessage(content="please transfer me to b", turn="t1"), resolve_tools([]))
     assert done.record.status is TurnStatus.DEADLINE
     assert done.assistant == "b"
@@ -124,7 +138,7 @@ def quickstart_config_text(tmp_path: Path) -> str:
 [intelligence]
 provider = "scripted"
 model = "echo-small"
-options = {{ hold_file = "{tmp_path / 'gate'}" }}
+options = {{ hold_file = "{tmp_path / "gate"}" }}
 
 [[assistants]]
 name = "a"
@@ -133,7 +147,9 @@ first_message_mode = "assistant-waits-for-user"
 """
 
 
-async def test_a_message_posted_while_the_child_starts_is_delivered_once(supervisor: Supervisor, tmp_path: Path) -> None:
+async def test_a_message_posted_while_the_child_starts_is_delivered_once(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
     store = supervisor.store
     real_begin = store.begin_turn
 
@@ -199,10 +215,19 @@ async def test_a_cancel_in_the_middle_of_a_handoff_commits_a_whole_one() -> None
         if isinstance(sent, Event) and sent.name == "transfer":
             assert session is not None and session.turn_scope is not None
             session.turn_scope.cancel()  # the Cancel lands while the handoff is being announced
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
-    session = ChildSession("s", "a", [SystemMessage(content="I am A.", name="a")], config, intelligence_map(config),
-                           config.limits, 1, SwapPolicy.FINISH_ON_OLD, send)
+    session = ChildSession(
+        "s",
+        "a",
+        [SystemMessage(content="I am A.", name="a")],
+        config,
+        intelligence_map(config),
+        config.limits,
+        1,
+        SwapPolicy.FINISH_ON_OLD,
+        send,
+    )
     done = await run_turn(session, "t1", UserMessage(content="please transfer me to b", turn="t1"), resolve_tools([]))
     assert done.record.status is TurnStatus.CANCELLED
     assert done.assistant == "b" and done.transcript is not None
@@ -214,8 +239,10 @@ async def test_a_reused_call_id_still_gets_its_result_when_the_turn_ends_early()
 
     with FakeOpenAI(default=Reply(content="done")) as server:
         # This server says "call_0" for every call, step after step.
-        server.script(Reply(tool_calls=(FakeCall("clock", {"offset_hours": 1}, id="call_0"),), output_tokens=5),
-                      Reply(tool_calls=(FakeCall("clock", {"offset_hours": 2}, id="call_0"),), output_tokens=500))
+        server.script(
+            Reply(tool_calls=(FakeCall("clock", {"offset_hours": 1}, id="call_0"),), output_tokens=5),
+            Reply(tool_calls=(FakeCall("clock", {"offset_hours": 2}, id="call_0"),), output_tokens=500),
+        )
         config = parse_config(f"""
 [intelligence]
 provider = "openai"
@@ -232,10 +259,19 @@ tools = ["clock"]
 """)
 
         async def send(_: Frame) -> None:
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
-        session = ChildSession("s", "a", [SystemMessage(content="s", name="a")], config, intelligence_map(config),
-                               config.limits, 1, SwapPolicy.FINISH_ON_OLD, send)
+        session = ChildSession(
+            "s",
+            "a",
+            [SystemMessage(content="s", name="a")],
+            config,
+            intelligence_map(config),
+            config.limits,
+            1,
+            SwapPolicy.FINISH_ON_OLD,
+            send,
+        )
         try:
             done = await run_turn(session, "t1", UserMessage(content="time twice", turn="t1"), resolve_tools(["clock"]))
         finally:
@@ -258,18 +294,23 @@ async def test_a_transfer_is_not_announced_when_another_call_of_its_step_ends_th
 
         async def complete(self, request: CompletionRequest) -> Completion:
             calls = (ToolCall(id="t", name="transfer_to_b"),) + tuple(
-                ToolCall(id=f"c{i}", name="clock", arguments={}) for i in range(4))
+                ToolCall(id=f"c{i}", name="clock", arguments={}) for i in range(4)
+            )
             return Completion(message=AssistantMessage(tool_calls=calls), usage=Usage(1, 1), model="m")
 
         async def aclose(self) -> None:
             return None
 
-    config = parse_config(HANDOFF.replace('name = "a"\nsystem = "I am A."', 'name = "a"\nsystem = "I am A."\ntools = ["clock"]'))
+    config = parse_config(
+        HANDOFF.replace('name = "a"\nsystem = "I am A."', 'name = "a"\nsystem = "I am A."\ntools = ["clock"]')
+    )
 
     async def send(_: Frame) -> None:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
-    session = ChildSession("s", "a", [], config, intelligence_map(config), config.limits, 1, SwapPolicy.FINISH_ON_OLD, send)
+    session = ChildSession(
+        "s", "a", [], config, intelligence_map(config), config.limits, 1, SwapPolicy.FINISH_ON_OLD, send
+    )
     session.provider = LoopingThenTransferring()
     done = await run_turn(session, "t1", UserMessage(content="go", turn="t1"), resolve_tools(["clock"]))
     assert done.record.status is TurnStatus.LOOP_DETECTED

@@ -244,10 +244,32 @@ def _reference(stream: bytes) -> tuple[list[SSEEvent], str | None, int | None]:
     return events, last_id, retry
 
 
-_PIECES = st.sampled_from([
-    b"data", b"data:", b"data: ", b"event:", b"event: e", b"id: ", b"id", b"retry: ", b"retry:", b":", b" ",
-    b"\r", b"\n", b"\r\n", b"\xef\xbb\xbf", b"x", b"12", b"\x00", b"\xc3\xa9", b"\xe2\x9c\x93", b"\xe2\x9c", b"\xff",
-])
+_PIECES = st.sampled_from(
+    [
+        b"data",
+        b"data:",
+        b"data: ",
+        b"event:",
+        b"event: e",
+        b"id: ",
+        b"id",
+        b"retry: ",
+        b"retry:",
+        b":",
+        b" ",
+        b"\r",
+        b"\n",
+        b"\r\n",
+        b"\xef\xbb\xbf",
+        b"x",
+        b"12",
+        b"\x00",
+        b"\xc3\xa9",
+        b"\xe2\x9c\x93",
+        b"\xe2\x9c",
+        b"\xff",
+    ]
+)
 _streams = st.lists(st.one_of(_PIECES, st.binary(max_size=6)), max_size=40).map(b"".join)
 
 

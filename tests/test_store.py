@@ -86,7 +86,13 @@ async def commit(
 async def new_session(store: Store, session_id: str = "s1", *, created_at: float = 1000.0, **kw: Any) -> None:
     transcript = kw.pop("transcript", [SystemMessage(content="You route customers.", name="triage")])
     await store.create_session(
-        session_id, assistant="triage", generation=1, model="echo-small", created_at=created_at, transcript=transcript, **kw
+        session_id,
+        assistant="triage",
+        generation=1,
+        model="echo-small",
+        created_at=created_at,
+        transcript=transcript,
+        **kw,
     )
 
 
@@ -216,7 +222,12 @@ async def test_round_trip_of_every_message_kind(db_path: Path) -> None:
 async def test_only_messages_can_be_stored(store: Store) -> None:
     with pytest.raises(StoreError, match="session s1"):
         await store.create_session(
-            "s1", assistant="a", generation=1, model="m", created_at=1.0, transcript=[{"role": "user"}]  # type: ignore[list-item]
+            "s1",
+            assistant="a",
+            generation=1,
+            model="m",
+            created_at=1.0,
+            transcript=[{"role": "user"}],  # type: ignore[list-item]
         )
     await new_session(store)
     with pytest.raises(StoreError, match="session s1 turn t1"):
@@ -241,13 +252,27 @@ async def test_begin_and_commit_a_turn(store: Store) -> None:
     assert running.turns == [pending]
 
     appended: list[Message] = [
-        AssistantMessage(tool_calls=(ToolCall(id="c1", name="clock"),), model="echo-small", assistant="triage", turn="t1"),
+        AssistantMessage(
+            tool_calls=(ToolCall(id="c1", name="clock"),), model="echo-small", assistant="triage", turn="t1"
+        ),
         ToolResult(name="clock", content="12:00", call_id="c1", turn="t1"),
         reply("t1", "It is noon.", model="echo-large", assistant="billing"),
     ]
     discarded = (Discarded(model="echo-small", steps=1, reason="swap", usage=Usage(5, 6)),)
-    seqs = await commit(store, "s1", "t1", appended, assistant="billing", models=("echo-small", "echo-large"), steps=2,
-                        restarts=1, discarded=discarded, usage=Usage(10, 20), ended_at=1600.0, error=None)
+    seqs = await commit(
+        store,
+        "s1",
+        "t1",
+        appended,
+        assistant="billing",
+        models=("echo-small", "echo-large"),
+        steps=2,
+        restarts=1,
+        discarded=discarded,
+        usage=Usage(10, 20),
+        ended_at=1600.0,
+        error=None,
+    )
     assert seqs == (3, 4, 5)
 
     session = await store.load_session("s1")
@@ -270,8 +295,16 @@ async def test_commit_returns_the_record_as_stored(store: Store) -> None:
     """What commit_turn returns is what load_session gives back: begin_turn's started_at, not the child's."""
     await new_session(store)
     await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
-    sent = record("t1", status=TurnStatus.LOOP_DETECTED, models=("echo-small",), steps=4, usage=Usage(7, 8),
-                  started_at=1501.25, ended_at=1600.0, error="tool 'clock' called 4 times with the same arguments")
+    sent = record(
+        "t1",
+        status=TurnStatus.LOOP_DETECTED,
+        models=("echo-small",),
+        steps=4,
+        usage=Usage(7, 8),
+        started_at=1501.25,
+        ended_at=1600.0,
+        error="tool 'clock' called 4 times with the same arguments",
+    )
     committed = await store.commit_turn("s1", sent, assistant="triage", messages=[reply("t1", "looping")])
     assert committed == CommittedTurn(msgspec.structs.replace(sent, started_at=1500.0), (3,))
     session = await store.load_session("s1")
@@ -331,7 +364,9 @@ class EncoderFailure(RuntimeError):
 
 
 @pytest.mark.parametrize("replace_history", [False, True], ids=["append", "transcript-replacement"])
-async def test_commit_is_atomic(store: Store, db_path: Path, monkeypatch: pytest.MonkeyPatch, replace_history: bool) -> None:
+async def test_commit_is_atomic(
+    store: Store, db_path: Path, monkeypatch: pytest.MonkeyPatch, replace_history: bool
+) -> None:
     await new_session(store)
     await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
     before = raw(db_path, "SELECT seq, active, message FROM entries ORDER BY seq")
@@ -390,7 +425,9 @@ async def test_a_duplicate_commit_is_refused_and_writes_nothing(store: Store, db
     assert raw(db_path, "SELECT * FROM sessions") == sessions
 
 
-async def test_transcript_replacement_keeps_old_entries_inactive_and_seqs_increasing(store: Store, db_path: Path) -> None:
+async def test_transcript_replacement_keeps_old_entries_inactive_and_seqs_increasing(
+    store: Store, db_path: Path
+) -> None:
     await new_session(store)
     await store.begin_turn("s1", "t1", UserMessage(content="bill me"), started_at=1500.0)
     await commit(store, "s1", "t1", [reply("t1", "one moment")])
@@ -405,8 +442,15 @@ async def test_transcript_replacement_keeps_old_entries_inactive_and_seqs_increa
         UserMessage(content="transfer me to billing", turn="t2"),
         AssistantMessage(content="Billing here.", model="echo-large", assistant="billing", turn="t2"),
     ]
-    seqs = await commit(store, "s1", "t2", [new_transcript[-1]], status=TurnStatus.TRANSFERRED, assistant="billing",
-                        transcript=new_transcript)
+    seqs = await commit(
+        store,
+        "s1",
+        "t2",
+        [new_transcript[-1]],
+        status=TurnStatus.TRANSFERRED,
+        assistant="billing",
+        transcript=new_transcript,
+    )
     assert seqs == (5, 6, 7, 8)
 
     session = await store.load_session("s1")
@@ -416,16 +460,26 @@ async def test_transcript_replacement_keeps_old_entries_inactive_and_seqs_increa
     assert [e.message for e in session.transcript] == new_transcript
     assert session.turns[1] == record("t2", status=TurnStatus.TRANSFERRED, started_at=1600.0)
     # The turn's input is still reachable although its entry is no longer active.
-    [(message,)] = raw(db_path, "SELECT e.message FROM turns t JOIN entries e ON (e.session, e.seq) = (t.session,"
-                                " t.message_seq) WHERE t.id = 't2' AND e.active = 0")
+    [(message,)] = raw(
+        db_path,
+        "SELECT e.message FROM turns t JOIN entries e ON (e.session, e.seq) = (t.session,"
+        " t.message_seq) WHERE t.id = 't2' AND e.active = 0",
+    )
     assert json.loads(message)["content"] == "transfer me to billing"
     # Old entries are all still in the file, inactive.
     assert raw(db_path, "SELECT seq, active FROM entries ORDER BY seq") == [
-        (1, 0), (2, 0), (3, 0), (4, 0), (5, 1), (6, 1), (7, 1), (8, 1)
+        (1, 0),
+        (2, 0),
+        (3, 0),
+        (4, 0),
+        (5, 1),
+        (6, 1),
+        (7, 1),
+        (8, 1),
     ]
-    assert [json.loads(m)["content"] for (m,) in raw(db_path, "SELECT message FROM entries WHERE active = 0 ORDER BY seq")] == [
-        "You route customers.", "bill me", "one moment", "transfer me to billing"
-    ]
+    assert [
+        json.loads(m)["content"] for (m,) in raw(db_path, "SELECT message FROM entries WHERE active = 0 ORDER BY seq")
+    ] == ["You route customers.", "bill me", "one moment", "transfer me to billing"]
 
     # Appending after a replacement continues the sequence.
     assert await store.begin_turn("s1", "t3", UserMessage(content="thanks"), started_at=1700.0) == 9
@@ -444,8 +498,9 @@ async def test_abandon_keeps_the_user_message_and_frees_the_session(store: Store
     assert session.state == "idle"
     assert session.transcript[-1].message == UserMessage(content="hello", turn="t1")
     assert session.turns == [
-        TurnRecord(id="t1", status=TurnStatus.CANCELLED, started_at=1500.0, ended_at=1550.0,
-                   error="cancelled by the operator")
+        TurnRecord(
+            id="t1", status=TurnStatus.CANCELLED, started_at=1500.0, ended_at=1550.0, error="cancelled by the operator"
+        )
     ]
     assert await store.pending_turn("s1") is None
     with pytest.raises(StoreError, match=r"session s1 turn t1.*not pending"):
@@ -488,7 +543,12 @@ async def test_update_session_sets_only_the_given_fields(store: Store) -> None:
     await store.update_session("s1", state="failed", assistant="billing")
     session = await store.load_session("s1")
     assert session is not None
-    assert (session.state, session.generation, session.model, session.assistant) == ("failed", 4, "echo-large", "billing")
+    assert (session.state, session.generation, session.model, session.assistant) == (
+        "failed",
+        4,
+        "echo-large",
+        "billing",
+    )
     with pytest.raises(StoreError, match="unknown state 'sleeping'"):
         await store.update_session("s1", state="sleeping")  # type: ignore[arg-type]
 
@@ -618,7 +678,9 @@ async def test_many_concurrent_sessions_are_all_durable(db_path: Path) -> None:
         await new_session(store, session_id, created_at=float(index))
         for turn_index in range(2):
             turn = f"t{turn_index}"
-            await store.begin_turn(session_id, turn, UserMessage(content=f"{session_id} says {turn}"), started_at=float(index))
+            await store.begin_turn(
+                session_id, turn, UserMessage(content=f"{session_id} says {turn}"), started_at=float(index)
+            )
             answers = [reply(turn, f"{session_id} answer {turn} part {p}") for p in range(3)]
             await commit(store, session_id, turn, answers)
 
@@ -638,8 +700,10 @@ async def test_many_concurrent_sessions_are_all_durable(db_path: Path) -> None:
             assert [e.seq for e in session.transcript] == list(range(1, 10))
             contents = [getattr(e.message, "content", None) for e in session.transcript[1:]]
             assert contents == [
-                f"{session_id} says t0", *(f"{session_id} answer t0 part {p}" for p in range(3)),
-                f"{session_id} says t1", *(f"{session_id} answer t1 part {p}" for p in range(3)),
+                f"{session_id} says t0",
+                *(f"{session_id} answer t0 part {p}" for p in range(3)),
+                f"{session_id} says t1",
+                *(f"{session_id} answer t1 part {p}" for p in range(3)),
             ]
             assert session.turns == [record(t, started_at=float(index)) for t in ("t0", "t1")]
     finally:

@@ -46,7 +46,7 @@ _payload = st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist
 
 
 def test_ndjson_lines_blank_lines_and_split_reads() -> None:
-    lines, rest = _ndjson([b'{"a":1}\n\n{"b"', b':2}\r\n', b'\n{"c":3}\n'])
+    lines, rest = _ndjson([b'{"a":1}\n\n{"b"', b":2}\r\n", b'\n{"c":3}\n'])
     assert lines == [b'{"a":1}', b'{"b":2}', b'{"c":3}']
     assert rest == b""
 
@@ -63,8 +63,9 @@ def test_ndjson_multibyte_character_split_across_reads() -> None:
     assert lines == [data.strip()]
 
 
-@given(st.lists(_payload.filter(lambda t: t.encode().strip()), max_size=8),
-       st.lists(st.integers(min_value=0), max_size=12))
+@given(
+    st.lists(_payload.filter(lambda t: t.encode().strip()), max_size=8), st.lists(st.integers(min_value=0), max_size=12)
+)
 def test_ndjson_any_split_gives_the_same_lines(texts: list[str], cuts: list[int]) -> None:
     data = b"".join(text.encode() + b"\n" for text in texts)
     lines, rest = _ndjson(_cuts(data, cuts))
@@ -76,7 +77,7 @@ def test_ndjson_any_split_gives_the_same_lines(texts: list[str], cuts: list[int]
 
 
 def test_sse_comments_crlf_multiline_data_and_event_names() -> None:
-    data = b": keep-alive\r\n\r\ndata: {\"a\":1}\r\n\r\nevent: error\ndata: line1\ndata: line2\n\ndata:[DONE]\n\n"
+    data = b': keep-alive\r\n\r\ndata: {"a":1}\r\n\r\nevent: error\ndata: line1\ndata: line2\n\ndata:[DONE]\n\n'
     events, truncated = _sse([data])
     assert events == [SSEEvent("message", '{"a":1}'), SSEEvent("error", "line1\nline2"), SSEEvent("message", "[DONE]")]
     assert not truncated
@@ -118,8 +119,12 @@ def test_openai_stream_with_its_terminator_complete_answers() -> None:
     assert done.finish().message.content == "partial"
 
 
-@given(st.lists(st.tuples(st.sampled_from(["", "error"]), st.lists(_payload, min_size=1, max_size=3)), max_size=6),
-       st.sampled_from(["\n", "\r\n", "\r"]), st.booleans(), st.lists(st.integers(min_value=0), max_size=12))
+@given(
+    st.lists(st.tuples(st.sampled_from(["", "error"]), st.lists(_payload, min_size=1, max_size=3)), max_size=6),
+    st.sampled_from(["\n", "\r\n", "\r"]),
+    st.booleans(),
+    st.lists(st.integers(min_value=0), max_size=12),
+)
 def test_sse_any_split_and_line_end_gives_the_same_events(
     spec: list[tuple[str, list[str]]], newline: str, comments: bool, cuts: list[int]
 ) -> None:

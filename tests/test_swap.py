@@ -51,8 +51,9 @@ def test_scripted_answers_quoting_the_user_and_naming_the_model() -> None:
 
 
 def test_scripted_calls_named_tools_then_the_transfer_in_one_step() -> None:
-    reply = scripted_reply("m", [UserMessage(content="clock please, then transfer me to billing")], [CLOCK, TRANSFER],
-                           ScriptedOptions())
+    reply = scripted_reply(
+        "m", [UserMessage(content="clock please, then transfer me to billing")], [CLOCK, TRANSFER], ScriptedOptions()
+    )
     assert [c.name for c in reply.message.tool_calls] == ["clock", "transfer_to_billing"]
     assert reply.message.content == ""
 
@@ -72,10 +73,13 @@ def test_scripted_tool_steps_differ_unless_looping() -> None:
 
 
 def test_scripted_opener_greets_as_the_assistant_whose_prompt_is_last() -> None:
-    history = [SystemMessage(content="a", name="triage"), UserMessage(content="hi"),
-               AssistantMessage(content="", tool_calls=(ToolCall(id="1", name="transfer_to_billing"),)),
-               ToolResult(name="transfer_to_billing", content="ok", call_id="1"),
-               SystemMessage(content="b", name="billing")]
+    history = [
+        SystemMessage(content="a", name="triage"),
+        UserMessage(content="hi"),
+        AssistantMessage(content="", tool_calls=(ToolCall(id="1", name="transfer_to_billing"),)),
+        ToolResult(name="transfer_to_billing", content="ok", call_id="1"),
+        SystemMessage(content="b", name="billing"),
+    ]
     reply = scripted_reply("m", history, [], ScriptedOptions())
     assert reply.message.content == "[m] Hello, billing here. How can I help?"
 

@@ -66,7 +66,10 @@ U1 = UserMessage(content="hey, good morning", turn="t1")
 R1 = AssistantMessage(content="how can i help?", turn="t1", model="model-a", assistant="assistant1")
 U2 = UserMessage(content="i need help with my account", turn="t2")
 TT = AssistantMessage(
-    tool_calls=(ToolCall(id="call-1", name="transfer_to_assistant2"),), turn="t2", model="model-a", assistant="assistant1"
+    tool_calls=(ToolCall(id="call-1", name="transfer_to_assistant2"),),
+    turn="t2",
+    model="model-a",
+    assistant="assistant1",
 )
 TR = ToolResult(name="transfer_to_assistant2", content=transfer_result("assistant2"), call_id="call-1", turn="t2")
 M = AssistantMessage(content="(destination.message)", turn="t2", model="model-a", assistant="assistant1")
@@ -197,7 +200,10 @@ def second_transfer_pre() -> list[Message]:
     first = take_over(PRE, ROLLING)
     u3 = UserMessage(content="actually, something else", turn="t4")
     tt2 = AssistantMessage(
-        tool_calls=(ToolCall(id="call-2", name="transfer_to_assistant3"),), turn="t4", model="model-b", assistant="assistant2"
+        tool_calls=(ToolCall(id="call-2", name="transfer_to_assistant3"),),
+        turn="t4",
+        model="model-b",
+        assistant="assistant2",
     )
     tr2 = ToolResult(name="transfer_to_assistant3", content=transfer_result("assistant3"), call_id="call-2", turn="t4")
     return [*first, u3, tt2, tr2]
@@ -295,9 +301,13 @@ def test_results_without_ids_are_paired_by_name_and_order() -> None:
     r_a = ToolResult(name="lookup_account", content="ok")
     r_b = ToolResult(name="transfer_to_assistant2", content="first transfer result")
     r_c = ToolResult(name="transfer_to_assistant2", content="superseded", is_error=True)
-    out = transfer_history([U2, tt, r_a, r_b, r_c], mode=REMOVE, destination_system=S2, transfer_call_id="b", message=None)
+    out = transfer_history(
+        [U2, tt, r_a, r_b, r_c], mode=REMOVE, destination_system=S2, transfer_call_id="b", message=None
+    )
     assert out == [S2, U2, AssistantMessage(tool_calls=(tt.tool_calls[0], tt.tool_calls[2])), r_a, r_c]
-    out = transfer_history([U2, tt, r_a, r_b, r_c], mode=REMOVE, destination_system=S2, transfer_call_id="c", message=None)
+    out = transfer_history(
+        [U2, tt, r_a, r_b, r_c], mode=REMOVE, destination_system=S2, transfer_call_id="c", message=None
+    )
     assert out == [S2, U2, AssistantMessage(tool_calls=tt.tool_calls[:2]), r_a, r_b]
 
 
@@ -342,7 +352,9 @@ def test_message_holding_only_the_transfer_call_is_dropped() -> None:
     "tt",
     [
         AssistantMessage(content="One moment.", tool_calls=TT.tool_calls, turn="t2", model="model-a"),
-        AssistantMessage(thinking="billing question → assistant2", tool_calls=TT.tool_calls, turn="t2", model="model-a"),
+        AssistantMessage(
+            thinking="billing question → assistant2", tool_calls=TT.tool_calls, turn="t2", model="model-a"
+        ),
     ],
     ids=["content", "thinking"],
 )
@@ -357,7 +369,11 @@ def test_message_with_content_or_thinking_is_kept_without_the_call(tt: Assistant
 def test_thinking_and_images_pass_untouched() -> None:
     u = UserMessage(content="what is on this invoice?", images=("aW52b2ljZQ==",), name="ada", turn="t1")
     a = AssistantMessage(
-        content="It is a pro plan invoice.", thinking="the image shows…", images=("Y2hhcnQ=",), turn="t1", model="model-a"
+        content="It is a pro plan invoice.",
+        thinking="the image shows…",
+        images=("Y2hhcnQ=",),
+        turn="t1",
+        model="model-a",
     )
     s_img = SystemMessage(content="assistant1 system message", images=("bG9nbw==",), name="assistant1")
     tt = AssistantMessage(thinking="hand over", tool_calls=TT.tool_calls, turn="t2", model="model-a")
@@ -401,7 +417,9 @@ def test_destination_without_a_prompt() -> None:
         (REMOVE, [F1, U1, R1, U2, M]),
         (DELETE, []),
     ]:
-        assert transfer_history(PRE, mode=mode, destination_system=None, transfer_call_id="call-1", message=M) == expected
+        assert (
+            transfer_history(PRE, mode=mode, destination_system=None, transfer_call_id="call-1", message=M) == expected
+        )
 
 
 def test_misuse_is_rejected() -> None:
@@ -483,11 +501,15 @@ def test_session_start_history() -> None:
 @pytest.mark.parametrize("history", [None, [S1], [S2, F1, M]], ids=["unknown", "session-start", "after-transfer"])
 def test_opener_plans(history: list[Message] | None) -> None:
     speaks = Assistant(name="b", first_message="Billing here.")
-    assert opener_plan(speaks, history) == OpenerPlan(assistant="b", kind=OpenerKind.FIRST_MESSAGE, content="Billing here.")
+    assert opener_plan(speaks, history) == OpenerPlan(
+        assistant="b", kind=OpenerKind.FIRST_MESSAGE, content="Billing here."
+    )
     assert opener_plan(speaks, history).speaks
     blank = opener_plan(Assistant(name="b", first_message="  "), history)
     assert blank.kind is OpenerKind.NONE and not blank.speaks
-    generated = Assistant(name="b", first_message="ignored", first_message_mode=FirstMessageMode.SPEAKS_FIRST_MODEL_GENERATED)
+    generated = Assistant(
+        name="b", first_message="ignored", first_message_mode=FirstMessageMode.SPEAKS_FIRST_MODEL_GENERATED
+    )
     assert opener_plan(generated, history) == OpenerPlan(assistant="b", kind=OpenerKind.GENERATED)
     waits = Assistant(name="b", first_message="never said", first_message_mode=FirstMessageMode.WAITS_FOR_USER)
     assert opener_plan(waits, history).kind is OpenerKind.NONE
@@ -521,7 +543,9 @@ def test_generated_opener() -> None:
 
 
 def test_waits_for_user_after_transfer_leaves_no_f2() -> None:
-    waiting = Assistant(name="assistant2", system="assistant2 system message", first_message_mode=FirstMessageMode.WAITS_FOR_USER)
+    waiting = Assistant(
+        name="assistant2", system="assistant2 system message", first_message_mode=FirstMessageMode.WAITS_FOR_USER
+    )
     assert take_over(PRE, ROLLING, destination=waiting) == [*PRE, M, S2]
     assert take_over(PRE, DELETE, destination=waiting) == [S2]
 
@@ -581,7 +605,9 @@ def _is_subsequence(small: Sequence[Message], big: Sequence[Message]) -> bool:
 @given(histories(), st.booleans())
 def test_property_delete_history_is_only_s2(case: tuple[list[Message], str], with_m: bool) -> None:
     history, call_id = case
-    out = transfer_history(history, mode=DELETE, destination_system=_S2, transfer_call_id=call_id, message=_M if with_m else None)
+    out = transfer_history(
+        history, mode=DELETE, destination_system=_S2, transfer_call_id=call_id, message=_M if with_m else None
+    )
     assert out == [_S2]
 
 
@@ -599,7 +625,9 @@ def test_property_rolling_is_an_ordered_superset(case: tuple[list[Message], str]
 @given(histories(), st.booleans())
 def test_property_swap_has_one_prompt_at_the_head(case: tuple[list[Message], str], with_m: bool) -> None:
     history, call_id = case
-    out = transfer_history(history, mode=SWAP, destination_system=_S2, transfer_call_id=call_id, message=_M if with_m else None)
+    out = transfer_history(
+        history, mode=SWAP, destination_system=_S2, transfer_call_id=call_id, message=_M if with_m else None
+    )
     assert out[0] is _S2
     assert [m for m in out if is_assistant_prompt(m)] == [_S2]
     body = out[1:-1] if with_m else out[1:]
@@ -610,7 +638,9 @@ def test_property_swap_has_one_prompt_at_the_head(case: tuple[list[Message], str
 @given(histories(), st.booleans())
 def test_property_remove_mode_keeps_calls_and_results_paired(case: tuple[list[Message], str], with_m: bool) -> None:
     history, call_id = case
-    out = transfer_history(history, mode=REMOVE, destination_system=_S2, transfer_call_id=call_id, message=_M if with_m else None)
+    out = transfer_history(
+        history, mode=REMOVE, destination_system=_S2, transfer_call_id=call_id, message=_M if with_m else None
+    )
     assert out[0] is _S2 and [m for m in out if is_assistant_prompt(m)] == [_S2]
     assert not any(is_empty_assistant(m) for m in out)
     calls = [c.id for m in out if isinstance(m, AssistantMessage) for c in m.tool_calls]

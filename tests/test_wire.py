@@ -54,8 +54,12 @@ nonblank = text.filter(lambda t: t.strip() != "" and t == t.strip())
 names = st.sampled_from(["clock", "search", "lookup", "get_weather"])  # few names: same-tool calls are common
 optional_name = st.none() | st.sampled_from(["ana", "bob", "triage"])
 base64ish = st.sampled_from(["iVBORw0KGgoAAAANSUhEUg==", "/9j/4AAQSkZJRg==", "R0lGODlhAQABAAAAACw=", "AAAA"])
-json_scalar = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(_chars, max_size=10)
-json_value = st.recursive(json_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(_chars, max_size=6), inner, max_size=3), max_leaves=8)
+json_scalar = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(_chars, max_size=10)
+json_value = st.recursive(
+    json_scalar,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(_chars, max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
 arguments = st.dictionaries(st.text(_chars, max_size=8), json_value, max_size=4)
 bookkeeping = st.fixed_dictionaries({"turn": st.none() | st.just("t1")})
 
@@ -73,7 +77,14 @@ def transcripts(draw: st.DrawFn, *, images_everywhere: bool, with_thinking: bool
     if draw(st.booleans()):
         messages.append(SystemMessage(content=draw(text), images=_images(draw, images_everywhere)))
     for _ in range(draw(st.integers(0, 4))):
-        messages.append(UserMessage(content=draw(text), images=_images(draw, True), name=draw(optional_name), turn=draw(st.none() | st.just("t1"))))
+        messages.append(
+            UserMessage(
+                content=draw(text),
+                images=_images(draw, True),
+                name=draw(optional_name),
+                turn=draw(st.none() | st.just("t1")),
+            )
+        )
         calls = draw(tool_calls(len(messages)))
         messages.append(
             AssistantMessage(
@@ -173,7 +184,10 @@ def test_ollama_stream_in_any_chunking_reads_back_the_reply(reply: Reply, with_i
     assert result.message == _expected(reply, ids)
     assert result.usage == Usage(reply.input_tokens or 0, reply.output_tokens or 0)
     # Non-stream body: same answer.
-    assert ollama_response(encoded(ollama_body(reply, "m", with_ids=with_ids, seq=7)), id_prefix="call_3_").message == result.message
+    assert (
+        ollama_response(encoded(ollama_body(reply, "m", with_ids=with_ids, seq=7)), id_prefix="call_3_").message
+        == result.message
+    )
 
 
 layouts = st.builds(
@@ -189,7 +203,9 @@ layouts = st.builds(
 
 @settings(max_examples=60)
 @given(replies(), layouts, st.booleans(), st.lists(st.integers(min_value=0), max_size=10))
-def test_openai_stream_in_any_chunking_reads_back_the_reply(reply: Reply, layout: OpenAILayout, usage: bool, cuts: list[int]) -> None:
+def test_openai_stream_in_any_chunking_reads_back_the_reply(
+    reply: Reply, layout: OpenAILayout, usage: bool, cuts: list[int]
+) -> None:
     data = b"".join(openai_events(reply, "m", layout=layout, include_usage=usage, seq=7))
     reader = SSEReader("call_3_")
     for piece in _split(data, cuts):
@@ -219,11 +235,15 @@ def test_two_calls_to_the_same_tool_keep_their_order_and_pair_by_order_for_ollam
     # An old Ollama history: no ids anywhere. Results pair with calls by name and order.
     history = [
         {"role": "user", "content": "weather in two cities"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
-            {"function": {"name": "clock", "arguments": {}}},
-            {"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
-        ]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                {"function": {"name": "clock", "arguments": {}}},
+                {"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+            ],
+        },
         {"role": "tool", "tool_name": "get_weather", "content": "sunny"},
         {"role": "tool", "tool_name": "clock", "content": "noon"},
         {"role": "tool", "tool_name": "get_weather", "content": "snow"},
@@ -247,7 +267,15 @@ def test_missing_ids_are_generated_stable_and_unique() -> None:
     assert ensure_call_ids(["x", "x", None], "call_") == ["x", "call_1", "call_2"]
     assert ensure_call_ids(["call_1", None], "call_") == ["call_1", "call_1_"]
     stream = OllamaStream(id_prefix="call_9_")
-    stream.feed({"message": {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "clock", "arguments": {}}}]}})
+    stream.feed(
+        {
+            "message": {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "clock", "arguments": {}}}],
+            }
+        }
+    )
     stream.feed({"done": True})
     assert stream.result().message.tool_calls[0].id == "call_9_0"
 
@@ -278,7 +306,10 @@ def test_think_tag_edge_cases() -> None:
     assert split_think("plain answer") == (None, "plain answer")
     # Only a block that opens the content is reasoning (RFC 0005 §3): a bare close tag is text.
     assert split_think("reasoning here</think>\n\nanswer") == (None, "reasoning here</think>\n\nanswer")
-    assert split_think("In XML you close it with </think> and go on.") == (None, "In XML you close it with </think> and go on.")
+    assert split_think("In XML you close it with </think> and go on.") == (
+        None,
+        "In XML you close it with </think> and go on.",
+    )
     assert split_think("<think>cut off by the length limit") == ("cut off by the length limit", "")
     assert split_think("<think></think>answer") == (None, "answer")
     assert split_think("an answer mentioning <think> later") == (None, "an answer mentioning <think> later")
@@ -286,7 +317,9 @@ def test_think_tag_edge_cases() -> None:
 
 def test_thinking_field_and_tags_both_count() -> None:
     stream = OllamaStream()
-    stream.feed({"message": {"role": "assistant", "thinking": "field", "content": "<think>tag</think>answer"}, "done": True})
+    stream.feed(
+        {"message": {"role": "assistant", "thinking": "field", "content": "<think>tag</think>answer"}, "done": True}
+    )
     message = stream.result().message
     assert (message.thinking, message.content) == ("field\ntag", "answer")
 
@@ -303,11 +336,20 @@ def test_invalid_argument_json_becomes_an_error_and_is_never_replayed(raw: str) 
     reader.feed(b"".join(openai_events(Reply(tool_calls=(FakeCall("lookup", raw),)), "m")))
     call = reader.finish().message.tool_calls[0]
     assert call.arguments == {} and call.arguments_error
-    history: list[Message] = [UserMessage(content="q"), AssistantMessage(tool_calls=(call,)),
-                              ToolResult(name="lookup", content=call.arguments_error, call_id=call.id, is_error=True)]
-    for body in (openai_chat_request("m", history, [], {}, stream=True), ollama_chat_request("m", history, [], {}, stream=True)):
+    history: list[Message] = [
+        UserMessage(content="q"),
+        AssistantMessage(tool_calls=(call,)),
+        ToolResult(name="lookup", content=call.arguments_error, call_id=call.id, is_error=True),
+    ]
+    for body in (
+        openai_chat_request("m", history, [], {}, stream=True),
+        ollama_chat_request("m", history, [], {}, stream=True),
+    ):
         assert raw not in json.dumps(body)
-    assert openai_chat_request("m", history, [], {}, stream=True)["messages"][1]["tool_calls"][0]["function"]["arguments"] == "{}"
+    assert (
+        openai_chat_request("m", history, [], {}, stream=True)["messages"][1]["tool_calls"][0]["function"]["arguments"]
+        == "{}"
+    )
 
 
 def test_empty_argument_string_means_no_arguments() -> None:
@@ -325,13 +367,32 @@ def test_ollama_request_shape_and_options() -> None:
         UserMessage(content="look", images=("iVBORw0KGgo=",)),
     ]
     spec = ToolSpec(name="clock", description="time", parameters={"type": "object", "properties": {}})
-    options = {"think": "high", "temperature": 0.2, "num_ctx": 4096, "keep_alive": "5m", "stream": False, "read_timeout": 3}
+    options = {
+        "think": "high",
+        "temperature": 0.2,
+        "num_ctx": 4096,
+        "keep_alive": "5m",
+        "stream": False,
+        "read_timeout": 3,
+    }
     body = ollama_chat_request("llama3", history, [spec], options, stream=False)
     assert body == {
         "model": "llama3",
-        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "look", "images": ["iVBORw0KGgo="]}],
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "look", "images": ["iVBORw0KGgo="]},
+        ],
         "stream": False,
-        "tools": [{"type": "function", "function": {"name": "clock", "description": "time", "parameters": {"type": "object", "properties": {}}}}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "clock",
+                    "description": "time",
+                    "parameters": {"type": "object", "properties": {}},
+                },
+            }
+        ],
         "think": "high",
         "keep_alive": "5m",
         "options": {"temperature": 0.2, "num_ctx": 4096},
@@ -339,13 +400,24 @@ def test_ollama_request_shape_and_options() -> None:
 
 
 def test_openai_request_shape_and_options() -> None:
-    history: list[Message] = [SystemMessage(content="sys", name="triage"), UserMessage(content="look", images=("/9j/abc",))]
-    body = openai_chat_request("gpt", history, [], {"temperature": 0.5, "max_tokens": 9, "stream": True, "connect_timeout": "2s"}, stream=True)
+    history: list[Message] = [
+        SystemMessage(content="sys", name="triage"),
+        UserMessage(content="look", images=("/9j/abc",)),
+    ]
+    body = openai_chat_request(
+        "gpt", history, [], {"temperature": 0.5, "max_tokens": 9, "stream": True, "connect_timeout": "2s"}, stream=True
+    )
     assert body == {
         "model": "gpt",
         "messages": [
             {"role": "system", "content": "sys"},
-            {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/abc"}}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "look"},
+                    {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/abc"}},
+                ],
+            },
         ],
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -391,7 +463,9 @@ def test_a_finish_without_done_is_complete() -> None:
 
 def test_mid_stream_errors() -> None:
     with pytest.raises(RemoteError) as ollama_error:
-        NDJSONReader("c_").feed(b'{"message":{"role":"assistant","content":"a"},"done":false}\n{"error":"runner died"}\n')
+        NDJSONReader("c_").feed(
+            b'{"message":{"role":"assistant","content":"a"},"done":false}\n{"error":"runner died"}\n'
+        )
     assert str(ollama_error.value) == "runner died" and not ollama_error.value.request_error
     with pytest.raises(RemoteError) as openai_error:
         SSEReader("c_").feed(b'data: {"error":{"message":"context too long","type":"invalid_request_error"}}\n\n')

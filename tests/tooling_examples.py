@@ -6,6 +6,7 @@ import threading
 from typing import Literal
 
 import anyio
+import anyio.lowlevel
 import msgspec
 
 from agentd.tools import side_effect_free
@@ -20,7 +21,7 @@ def add(a: int, b: int = 1) -> int:
 
 async def weather(city: str, units: Literal["c", "f"] = "c") -> dict[str, object]:
     """Report the weather in a city."""
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     return {"city": city, "units": units, "temperature": 21 if units == "c" else 70}
 
 
@@ -37,7 +38,7 @@ def explode(reason: str) -> str:
 
 async def explode_async(reason: str) -> str:
     """Always fails, asynchronously."""
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     raise LookupError(reason)
 
 

@@ -42,7 +42,11 @@ async def serve(fd: int) -> int:
     if not isinstance(first, Spawn):
         raise ProtocolError(f"expected a spawn frame first, got {type(first).__name__!r}")
     if first.protocol_version != PROTOCOL_VERSION:
-        await channel.send(Failed(error=f"protocol version {first.protocol_version} is not supported; this child speaks {PROTOCOL_VERSION}"))
+        await channel.send(
+            Failed(
+                error=f"protocol version {first.protocol_version} is not supported; this child speaks {PROTOCOL_VERSION}"
+            )
+        )
         return EXIT_PROTOCOL_ERROR
     try:
         runtime = ChildRuntime(channel, first)
@@ -55,7 +59,9 @@ async def serve(fd: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentd.child", description="agentd child process (started by the supervisor)")
+    parser = argparse.ArgumentParser(
+        prog="python -m agentd.child", description="agentd child process (started by the supervisor)"
+    )
     parser.add_argument("--fd", type=int, required=True, help="file descriptor of the control channel socket")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit at once if this is no longer our parent")
     args = parser.parse_args(argv)

@@ -34,7 +34,7 @@ from agentd.protocol import (
 )
 from agentd.tools import Tool, resolve_tools
 
-__all__ = ["ChildRuntime", "EXIT_PROTOCOL_ERROR"]
+__all__ = ["EXIT_PROTOCOL_ERROR", "ChildRuntime"]
 
 EXIT_PROTOCOL_ERROR = 3
 log = get_logger("child")
@@ -136,8 +136,17 @@ class ChildRuntime:
             await self.send(Failed(session=frame.session, error=f"session {frame.session} is already open here"))
             return
         try:
-            session = ChildSession(frame.session, frame.assistant, list(frame.transcript), self.config, self.intelligence,
-                                   self.limits, self.generation, self.policy, self.send)
+            session = ChildSession(
+                frame.session,
+                frame.assistant,
+                list(frame.transcript),
+                self.config,
+                self.intelligence,
+                self.limits,
+                self.generation,
+                self.policy,
+                self.send,
+            )
         except KeyError:
             await self.send(Failed(session=frame.session, error=f"unknown assistant {frame.assistant!r}"))
             return
@@ -166,8 +175,9 @@ class ChildRuntime:
 
     async def _turn_task(self, session: ChildSession, frame: Input) -> None:
         try:
-            done = await run_turn(session, frame.turn, frame.message, self.toolboxes[session.assistant],
-                                  accepted_at=frame.started_at)
+            done = await run_turn(
+                session, frame.turn, frame.message, self.toolboxes[session.assistant], accepted_at=frame.started_at
+            )
             await self.send(done)
             await session.apply_parked(turn=None)  # idle now: its boundary is now
         except Exception as exc:  # a loop bug must not take the other sessions down
@@ -186,5 +196,3 @@ class ChildRuntime:
                 self._idle = anyio.Event()
                 await self._idle.wait()
         self._stop(0)
-
-

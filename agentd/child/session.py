@@ -88,14 +88,29 @@ class ChildSession:
         target = frame.intelligence.get(self.assistant, self.current_intelligence)
         if classify_swap(self.current_intelligence, target) is None:
             return  # another assistant changed: adopted at the boundary, no swap for this session
-        log.info(events.LOG_SWAP_PARKED, session=self.id, turn=self.turn_id, generation=frame.generation,
-                 model_from=self.current_intelligence.model, model_to=target.model, policy=frame.policy.value)
-        await self.emit(events.SWAP_PARKED, self.turn_id, generation=frame.generation,
-                        model_from=self.current_intelligence.model, model_to=target.model, policy=frame.policy.value)
+        log.info(
+            events.LOG_SWAP_PARKED,
+            session=self.id,
+            turn=self.turn_id,
+            generation=frame.generation,
+            model_from=self.current_intelligence.model,
+            model_to=target.model,
+            policy=frame.policy.value,
+        )
+        await self.emit(
+            events.SWAP_PARKED,
+            self.turn_id,
+            generation=frame.generation,
+            model_from=self.current_intelligence.model,
+            model_to=target.model,
+            policy=frame.policy.value,
+        )
 
     def restart_due(self, restarts: int) -> bool:
         """Whether the in-flight turn must be discarded and re-run (restart-turn, model changed)."""
-        return restart_due(self.parked, self.assistant, self.current_intelligence, restarts, self.limits.max_turn_restarts)
+        return restart_due(
+            self.parked, self.assistant, self.current_intelligence, restarts, self.limits.max_turn_restarts
+        )
 
     def repoint_parked(self) -> bool:
         """Whether the slot holds a swap that leaves this session's model unchanged but changes its endpoints."""
@@ -121,12 +136,36 @@ class ChildSession:
         if kind is None:
             return None
         await self.replace_provider()
-        log.info(events.LOG_SWAP_APPLIED, session=self.id, turn=turn, generation=frame.generation, kind=kind.value,
-                 model_from=old.model, model_to=new.model, policy=frame.policy.value)
-        await self.send(SwapApplied(session=self.id, generation=frame.generation, kind=kind, model_from=old.model,
-                                     model_to=new.model, policy=frame.policy, turn=turn))
-        await self.emit(events.SWAP_APPLIED, turn, generation=frame.generation, kind=kind.value,
-                        model_from=old.model, model_to=new.model, policy=frame.policy.value)
+        log.info(
+            events.LOG_SWAP_APPLIED,
+            session=self.id,
+            turn=turn,
+            generation=frame.generation,
+            kind=kind.value,
+            model_from=old.model,
+            model_to=new.model,
+            policy=frame.policy.value,
+        )
+        await self.send(
+            SwapApplied(
+                session=self.id,
+                generation=frame.generation,
+                kind=kind,
+                model_from=old.model,
+                model_to=new.model,
+                policy=frame.policy,
+                turn=turn,
+            )
+        )
+        await self.emit(
+            events.SWAP_APPLIED,
+            turn,
+            generation=frame.generation,
+            kind=kind.value,
+            model_from=old.model,
+            model_to=new.model,
+            policy=frame.policy.value,
+        )
         return kind
 
     async def replace_provider(self) -> None:

@@ -131,9 +131,14 @@ class _Attempt:
                 self.messages.append(message)
             over_budget = self.budget.after_step(completion.usage)
             await self.session.emit(
-                events.STEP_DONE, self.turn, step=step, model=completion.model,
-                usage=msgspec.to_builtins(completion.usage), tool_calls=[c.name for c in message.tool_calls],
-                content=message.content, thinking=message.thinking,
+                events.STEP_DONE,
+                self.turn,
+                step=step,
+                model=completion.model,
+                usage=msgspec.to_builtins(completion.usage),
+                tool_calls=[c.name for c in message.tool_calls],
+                content=message.content,
+                thinking=message.thinking,
             )
             # A restart-turn swap that landed during this call discards even a final answer.
             await self.checkpoint()
@@ -170,7 +175,9 @@ class _Attempt:
             try:
                 completion = await self.session.provider.complete(request)
             except IntelError as exc:
-                log.warning(events.LOG_INTEL_ERROR, session=self.session.id, turn=self.turn, kind=exc.kind.value, error=str(exc))
+                log.warning(
+                    events.LOG_INTEL_ERROR, session=self.session.id, turn=self.turn, kind=exc.kind.value, error=str(exc)
+                )
                 if exc.kind is not IntelErrorKind.UNAVAILABLE:
                     self.error = str(exc)
                     return TurnStatus.FAILED
@@ -218,8 +225,11 @@ class _Attempt:
         destination = session.config.assistant(target)
         spoken = destination_message(choice.transfer, turn=self.turn, model=self.model, assistant=source)
         history = transfer_history(
-            self.base + self.messages, mode=choice.transfer.mode, destination_system=assistant_prompt(destination, turn=self.turn),
-            transfer_call_id=choice.call.id, message=spoken,
+            self.base + self.messages,
+            mode=choice.transfer.mode,
+            destination_system=assistant_prompt(destination, turn=self.turn),
+            transfer_call_id=choice.call.id,
+            message=spoken,
         )
         previous = session.current_intelligence
         # Assistant and transcript change together, with no await between: a cancel or deadline
@@ -228,8 +238,14 @@ class _Attempt:
         self._set_transcript(history)
         if session.current_intelligence != previous:
             await session.replace_provider()
-        log.info(events.LOG_TRANSFER, session=session.id, turn=self.turn, **{"from": source}, to=target,
-                 mode=choice.transfer.mode.value)
+        log.info(
+            events.LOG_TRANSFER,
+            session=session.id,
+            turn=self.turn,
+            **{"from": source},
+            to=target,
+            mode=choice.transfer.mode.value,
+        )
         await session.emit(events.TRANSFER, self.turn, **{"from": source}, to=target, mode=choice.transfer.mode.value)
         opener = await self._opener(destination, history)
         if opener is not None:
@@ -247,13 +263,23 @@ class _Attempt:
             return opener_message(plan, turn=self.turn, model=model)
         if plan.kind is not OpenerKind.GENERATED:
             return None
-        request = CompletionRequest(messages=history, tools=(), options=self.session.current_intelligence.options,
-                                    deadline=self.budget.deadline_at if self.budget else None)
+        request = CompletionRequest(
+            messages=history,
+            tools=(),
+            options=self.session.current_intelligence.options,
+            deadline=self.budget.deadline_at if self.budget else None,
+        )
         try:
             completion = await self.session.provider.complete(request)
         except IntelError as exc:
-            log.warning(events.LOG_INTEL_ERROR, session=self.session.id, turn=self.turn, kind=exc.kind.value,
-                        error=str(exc), during="opener")
+            log.warning(
+                events.LOG_INTEL_ERROR,
+                session=self.session.id,
+                turn=self.turn,
+                kind=exc.kind.value,
+                error=str(exc),
+                during="opener",
+            )
             return None
         if self.budget is not None:
             self.budget.after_step(completion.usage)
@@ -281,16 +307,25 @@ class _Attempt:
 
     async def _record(self, call: ToolCall, outcome: ToolOutcome, replayed: bool) -> None:
         self.messages.append(
-            ToolResult(turn=self.turn, name=call.name, content=outcome.content, call_id=call.id, is_error=outcome.is_error)
+            ToolResult(
+                turn=self.turn, name=call.name, content=outcome.content, call_id=call.id, is_error=outcome.is_error
+            )
         )
         await self.session.emit(
-            events.TOOL_RESULT, self.turn, id=call.id, name=call.name, is_error=outcome.is_error,
-            replayed=replayed, content=outcome.content[:_RESULT_EVENT_CHARS],
+            events.TOOL_RESULT,
+            self.turn,
+            id=call.id,
+            name=call.name,
+            is_error=outcome.is_error,
+            replayed=replayed,
+            content=outcome.content[:_RESULT_EVENT_CHARS],
         )
 
     def close_unpaired(self, status: TurnStatus) -> None:
         """Answer calls the turn will not run, so the history stays valid for every provider."""
-        where = next((i for i in range(len(self.messages) - 1, -1, -1) if isinstance(self.messages[i], AssistantMessage)), None)
+        where = next(
+            (i for i in range(len(self.messages) - 1, -1, -1) if isinstance(self.messages[i], AssistantMessage)), None
+        )
         if where is None:
             return
         last = self.messages[where]
@@ -299,10 +334,15 @@ class _Attempt:
         answered = {m.call_id for m in self.messages[where + 1 :] if isinstance(m, ToolResult)}
         for call in last.tool_calls:
             if call.id not in answered:
-                self.messages.append(ToolResult(
-                    turn=self.turn, name=call.name, call_id=call.id, is_error=True,
-                    content=f"not run: the turn ended ({status.value})",
-                ))
+                self.messages.append(
+                    ToolResult(
+                        turn=self.turn,
+                        name=call.name,
+                        call_id=call.id,
+                        is_error=True,
+                        content=f"not run: the turn ended ({status.value})",
+                    )
+                )
 
     def replay_for_next(self) -> Replay:
         """Outcomes a re-run may reuse: what this attempt used plus what it left unused."""
@@ -341,7 +381,9 @@ async def run_turn(
     try:
         await session.apply_parked(turn)  # the top of the turn is a boundary
         base = list(session.transcript) + ([message] if message else [])
-        await session.emit(events.TURN_STARTED, turn, assistant=session.assistant, model=session.current_intelligence.model)
+        await session.emit(
+            events.TURN_STARTED, turn, assistant=session.assistant, model=session.current_intelligence.model
+        )
         restarts, discarded, replay, usage = 0, [], {}, Usage()
         scope = session.turn_scope or anyio.CancelScope()
         session.turn_scope = scope
@@ -367,13 +409,34 @@ async def run_turn(
         usage = usage + attempt.usage
         session.transcript = attempt.transcript if attempt.transcript is not None else base + attempt.messages
         models = tuple(dict.fromkeys(m.model for m in attempt.messages if isinstance(m, AssistantMessage) and m.model))
-        record = TurnRecord(id=turn, status=status, models=models, steps=attempt.steps, restarts=restarts,
-                            discarded=tuple(discarded), usage=usage, started_at=started_at, ended_at=time.time(),
-                            error=attempt.error)
-        log.info(events.LOG_TURN_DONE, session=session.id, turn=turn, status=status.value, steps=attempt.steps,
-                 restarts=restarts, models=list(models))
-        return TurnDone(session=session.id, assistant=session.assistant, record=record, messages=attempt.messages,
-                        transcript=attempt.transcript)
+        record = TurnRecord(
+            id=turn,
+            status=status,
+            models=models,
+            steps=attempt.steps,
+            restarts=restarts,
+            discarded=tuple(discarded),
+            usage=usage,
+            started_at=started_at,
+            ended_at=time.time(),
+            error=attempt.error,
+        )
+        log.info(
+            events.LOG_TURN_DONE,
+            session=session.id,
+            turn=turn,
+            status=status.value,
+            steps=attempt.steps,
+            restarts=restarts,
+            models=list(models),
+        )
+        return TurnDone(
+            session=session.id,
+            assistant=session.assistant,
+            record=record,
+            messages=attempt.messages,
+            transcript=attempt.transcript,
+        )
     finally:
         session.turn_id = None
         session.turn_scope = None
@@ -382,14 +445,27 @@ async def run_turn(
 async def _discard(session: ChildSession, attempt: _Attempt) -> Discarded:
     """Report the attempt as discarded, apply the parked swap, announce the restart."""
     model_from = attempt.model
-    discarded = Discarded(model=model_from, steps=attempt.steps, reason="restart-turn: model swapped",
-                          usage=attempt.usage)
+    discarded = Discarded(
+        model=model_from, steps=attempt.steps, reason="restart-turn: model swapped", usage=attempt.usage
+    )
     await session.send(TurnDiscarded(session=session.id, turn=attempt.turn, attempt=discarded))
     log.info(events.LOG_TURN_DISCARDED, session=session.id, turn=attempt.turn, model=model_from, steps=attempt.steps)
     await session.apply_parked(attempt.turn)
     model_to = session.current_intelligence.model
-    log.info(events.LOG_TURN_RESTARTED, session=session.id, turn=attempt.turn, model_from=model_from, model_to=model_to,
-             restarts=attempt.restarts + 1)
-    await session.emit(events.TURN_RESTARTED, attempt.turn, model_from=model_from, model_to=model_to,
-                       restarts=attempt.restarts + 1, discarded_steps=attempt.steps)
+    log.info(
+        events.LOG_TURN_RESTARTED,
+        session=session.id,
+        turn=attempt.turn,
+        model_from=model_from,
+        model_to=model_to,
+        restarts=attempt.restarts + 1,
+    )
+    await session.emit(
+        events.TURN_RESTARTED,
+        attempt.turn,
+        model_from=model_from,
+        model_to=model_to,
+        restarts=attempt.restarts + 1,
+        discarded_steps=attempt.steps,
+    )
     return discarded

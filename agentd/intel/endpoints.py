@@ -103,7 +103,9 @@ def _failed(health: EndpointHealth, now: float, policy: BreakerPolicy, retry_aft
     not_before = max(health.not_before, now + retry_after) if retry_after else health.not_before
     if health.state is BreakerState.HALF_OPEN:
         cooldown = min(health.cooldown * 2, policy.max_cooldown)
-        return EndpointHealth(state=BreakerState.OPEN, failures=failures, opened_at=now, cooldown=cooldown, not_before=not_before)
+        return EndpointHealth(
+            state=BreakerState.OPEN, failures=failures, opened_at=now, cooldown=cooldown, not_before=not_before
+        )
     if failures >= policy.failure_threshold:
         return EndpointHealth(
             state=BreakerState.OPEN, failures=failures, opened_at=now, cooldown=policy.cooldown, not_before=not_before

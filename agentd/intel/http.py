@@ -201,7 +201,11 @@ class HTTPProvider:
             response = await self._send("POST", url, body, timeout, stream=False)
             return self._checked(lambda: self.parse_body(decode_json(response.content, "the response body"), id_prefix))
         request = self._client.build_request(
-            "POST", url, content=body, headers={**self._headers(True), "Content-Type": "application/json"}, timeout=timeout
+            "POST",
+            url,
+            content=body,
+            headers={**self._headers(True), "Content-Type": "application/json"},
+            timeout=timeout,
         )
         with self._transport_errors(timeout):
             response = await self._client.send(request, stream=True)
@@ -361,8 +365,12 @@ class HTTPProvider:
         await self._sleep(wait)
 
     def _unavailable(self, last_error: str) -> IntelError:
-        error = IntelError(IntelErrorKind.UNAVAILABLE, f"{self.name}: no endpoint could serve the call; last error: {last_error}")
-        structlog.get_logger().warning(LOG_INTEL_ERROR, provider=self.name, model=self.intelligence.model, kind=str(error.kind), error=str(error))
+        error = IntelError(
+            IntelErrorKind.UNAVAILABLE, f"{self.name}: no endpoint could serve the call; last error: {last_error}"
+        )
+        structlog.get_logger().warning(
+            LOG_INTEL_ERROR, provider=self.name, model=self.intelligence.model, kind=str(error.kind), error=str(error)
+        )
         return error
 
     def _log_error(self, index: int, kind: IntelErrorKind, message: str, what: str, *, retrying: bool) -> None:

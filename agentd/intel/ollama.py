@@ -14,7 +14,13 @@ from agentd.intel.base import CompletionRequest
 from agentd.intel.http import HTTPProvider, StreamReader, join_url
 from agentd.intel.streams import NDJSONSplitter
 from agentd.intel.wire import ChatResult, IncompleteStream, WireError
-from agentd.intel.wire_ollama import OllamaStream, ollama_chat_request, ollama_error_message, ollama_model_names, ollama_response
+from agentd.intel.wire_ollama import (
+    OllamaStream,
+    ollama_chat_request,
+    ollama_error_message,
+    ollama_model_names,
+    ollama_response,
+)
 
 __all__ = ["NDJSONReader", "OllamaProvider"]
 

@@ -70,7 +70,9 @@ def _filler_arguments(spec: ToolSpec, step: int, loop: bool) -> dict[str, Any]:
     return arguments
 
 
-def scripted_reply(model: str, messages: Sequence[Message], tools: Sequence[ToolSpec], options: ScriptedOptions) -> Completion:
+def scripted_reply(
+    model: str, messages: Sequence[Message], tools: Sequence[ToolSpec], options: ScriptedOptions
+) -> Completion:
     """The deterministic reply for one step (pure: the provider adds only the delays)."""
     last_user = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=-1)
     last_prompt = max((i for i, m in enumerate(messages) if isinstance(m, SystemMessage)), default=-1)
@@ -85,8 +87,11 @@ def scripted_reply(model: str, messages: Sequence[Message], tools: Sequence[Tool
     calls: list[tuple[str, dict[str, Any]]] = []
     if step == 0:
         calls = [(name, {}) for name in _CALL_TOOL_RE.findall(text)]
-        calls += [(t.name, _filler_arguments(t, step, options.loop)) for t in work_tools
-                  if _mentions(text, t.name) and t.name not in called]
+        calls += [
+            (t.name, _filler_arguments(t, step, options.loop))
+            for t in work_tools
+            if _mentions(text, t.name) and t.name not in called
+        ]
         if _mentions(text, "transfer") or _mentions(text, "transferred"):
             # Named tools run beside the transfer, in the same step (parallel calls).
             calls += [(t.name, {}) for t in transfer_tools if _mentions(text, t.name[len(TRANSFER_TOOL_PREFIX) :])][:1]
@@ -96,7 +101,8 @@ def scripted_reply(model: str, messages: Sequence[Message], tools: Sequence[Tool
     thinking = f"[{model}] step {step + 1}: deciding how to answer" if options.think else None
     if calls:
         tool_calls = tuple(
-            ToolCall(id=f"call_{len(messages)}_{i}", name=name, arguments=arguments) for i, (name, arguments) in enumerate(calls)
+            ToolCall(id=f"call_{len(messages)}_{i}", name=name, arguments=arguments)
+            for i, (name, arguments) in enumerate(calls)
         )
         content = ""
     else:
@@ -106,7 +112,9 @@ def scripted_reply(model: str, messages: Sequence[Message], tools: Sequence[Tool
         input_tokens=sum(_words(getattr(m, "content", "")) for m in messages),
         output_tokens=_words(content) + len(tool_calls) + (_words(thinking) if thinking else 0),
     )
-    return Completion(message=AssistantMessage(content=content, thinking=thinking, tool_calls=tool_calls), usage=usage, model=model)
+    return Completion(
+        message=AssistantMessage(content=content, thinking=thinking, tool_calls=tool_calls), usage=usage, model=model
+    )
 
 
 def _final_answer(model: str, text: str, since: Sequence[Message], messages: Sequence[Message]) -> str:

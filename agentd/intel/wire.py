@@ -261,7 +261,11 @@ def merge_thinking(field: str | None, from_content: str | None) -> str | None:
 
 
 def assistant_from_parts(
-    content: str, thinking: str | None, tool_calls: tuple[ToolCall, ...], *, name: str | None = None,
+    content: str,
+    thinking: str | None,
+    tool_calls: tuple[ToolCall, ...],
+    *,
+    name: str | None = None,
     images: tuple[str, ...] | None = None,
 ) -> AssistantMessage:
     """An AssistantMessage from wire parts, with ``<think>`` tags in content moved to thinking."""

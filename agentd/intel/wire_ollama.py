@@ -13,8 +13,6 @@ from typing import Any
 
 import msgspec
 
-from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
-from agentd.tools import ToolSpec
 from agentd.intel.wire import (
     ChatResult,
     IncompleteStream,
@@ -29,6 +27,8 @@ from agentd.intel.wire import (
     usage_of,
     wire_options,
 )
+from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
+from agentd.tools import ToolSpec
 
 __all__ = [
     "OllamaChunk",

@@ -49,7 +49,12 @@ __all__ = [
 ]
 
 # Base64 prefixes of the image formats vision models take; anything else is sent as PNG.
-_MIME_BY_PREFIX = (("iVBORw0KGgo", "image/png"), ("/9j/", "image/jpeg"), ("R0lGOD", "image/gif"), ("UklGR", "image/webp"))
+_MIME_BY_PREFIX = (
+    ("iVBORw0KGgo", "image/png"),
+    ("/9j/", "image/jpeg"),
+    ("R0lGOD", "image/gif"),
+    ("UklGR", "image/webp"),
+)
 
 
 # --------------------------------------------------------------------------- wire shapes (decoding)
@@ -207,7 +212,10 @@ def _text_and_images(content: Any) -> tuple[str, tuple[str, ...] | None]:
 
 
 def _calls_from_openai(calls: Sequence[OpenAIToolCall], id_prefix: str) -> tuple[ToolCall, ...]:
-    raw = [(c.id, (c.function.name if c.function else None) or "", c.function.arguments if c.function else None) for c in calls]
+    raw = [
+        (c.id, (c.function.name if c.function else None) or "", c.function.arguments if c.function else None)
+        for c in calls
+    ]
     return build_tool_calls(raw, id_prefix)
 
 
@@ -332,7 +340,9 @@ class OpenAIStream:
         index = fragment.index
         if index is None:
             # No index (a few servers): a new id starts a new call, otherwise continue the last.
-            if fragment.id and (self._last_index is None or self._calls[self._last_index].id not in (None, fragment.id)):
+            if fragment.id and (
+                self._last_index is None or self._calls[self._last_index].id not in (None, fragment.id)
+            ):
                 index = len(self._calls)
             else:
                 index = self._last_index if self._last_index is not None else 0
@@ -403,7 +413,9 @@ def openai_remote_error(error: Any) -> RemoteError:
         kind = error.get("type")
         code = error.get("code")
         status = code if isinstance(code, int) else (int(code) if isinstance(code, str) and code.isdigit() else None)
-        request_error = kind == "invalid_request_error" or (status is not None and 400 <= status < 500 and status != 429)
+        request_error = kind == "invalid_request_error" or (
+            status is not None and 400 <= status < 500 and status != 429
+        )
     return RemoteError(openai_error_message(error), request_error=request_error)
 
 
@@ -412,4 +424,3 @@ def openai_model_names(raw: Any) -> list[str]:
     if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
         raise WireError("a /v1/models response has no data list")
     return [entry["id"] for entry in raw["data"] if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
-

@@ -104,8 +104,11 @@ class Supervisor:
             runtime = self._runtime_from_store(stored, await self.store.pending_turn(stored.id))
             self.sessions[stored.id] = runtime
             tg.start_soon(self._run_session, runtime)
-        log.info("supervisor.restored", sessions=len(restored),
-                 pending=sum(1 for r in self.sessions.values() if r.pending is not None))
+        log.info(
+            "supervisor.restored",
+            sessions=len(restored),
+            pending=sum(1 for r in self.sessions.values() if r.pending is not None),
+        )
         return len(restored)
 
     def _runtime_from_store(self, stored: StoredSession, pending: StartedTurn | None) -> SessionRuntime:
@@ -114,8 +117,9 @@ class Supervisor:
         runtime = SessionRuntime(self, stored.id, stored.assistant, state, stored.generation, stored.model, transcript)
         if pending is not None:
             # An interrupted turn: its input is stored, its results are not. It re-runs.
-            runtime.pending = PendingTurn(id=pending.id, message=pending.message, started_at=pending.started_at,
-                                          stored=True)
+            runtime.pending = PendingTurn(
+                id=pending.id, message=pending.message, started_at=pending.started_at, stored=True
+            )
             runtime.state = "running" if state != "failed" else state
         return runtime
 
@@ -174,13 +178,18 @@ class Supervisor:
 
     def spawn_frame(self, child_id: str) -> tuple[int, Spawn]:
         """The Spawn for a new child: always the newest generation."""
-        return self.generation, Spawn(child_id=child_id, generation=self.generation, policy=self.policy.policy,
-                                      config=self.config)
+        return self.generation, Spawn(
+            child_id=child_id, generation=self.generation, policy=self.policy.policy, config=self.config
+        )
 
     def swap_frame(self) -> SwapIntel:
         """The SwapIntel describing the running generation."""
-        return SwapIntel(generation=self.generation, policy=self.policy.policy,
-                         intelligence=intelligence_map(self.config), limits=self.config.limits)
+        return SwapIntel(
+            generation=self.generation,
+            policy=self.policy.policy,
+            intelligence=intelligence_map(self.config),
+            limits=self.config.limits,
+        )
 
     def model_of(self, assistant: str, fallback: str) -> str:
         """The running generation's model for ``assistant`` (``fallback`` if the config no longer has it)."""
@@ -198,8 +207,7 @@ class Supervisor:
         sessions.discard(runtime.id)
         if not sessions:
             del self._awaiting_acks[generation]
-            log.info(events.LOG_SWAP_FANOUT_ACKED, generation=generation,
-                     seconds=round(time.monotonic() - started, 4))
+            log.info(events.LOG_SWAP_FANOUT_ACKED, generation=generation, seconds=round(time.monotonic() - started, 4))
 
     # ------------------------------------------------------------------ reload
 
@@ -209,8 +217,11 @@ class Supervisor:
             return await self.reloads.request()
         except Exception as exc:  # a reload bug must never take the daemon down; the old config stays
             log.exception(events.LOG_CONFIG_RELOAD, applied=False)
-            return ReloadResult(generation=self.generation, applied=False,
-                                errors=[ConfigIssue("", f"internal error: {type(exc).__name__}: {exc}")])
+            return ReloadResult(
+                generation=self.generation,
+                applied=False,
+                errors=[ConfigIssue("", f"internal error: {type(exc).__name__}: {exc}")],
+            )
 
     async def _reload(self) -> ReloadResult:
         path = self.options.config_path
@@ -220,34 +231,56 @@ class Supervisor:
         except ConfigError as exc:
             result = ReloadResult(generation=self.generation, applied=False, errors=exc.issues)
             self.metrics.reloads.labels(result="rejected").inc()
-            log.warning(events.LOG_CONFIG_RELOAD, applied=False, generation=self.generation,
-                        errors=[str(i) for i in exc.issues])
+            log.warning(
+                events.LOG_CONFIG_RELOAD, applied=False, generation=self.generation, errors=[str(i) for i in exc.issues]
+            )
             return result
         orphaned = self._orphaned_sessions(new)
         if orphaned:
             self.metrics.reloads.labels(result="rejected").inc()
-            log.warning(events.LOG_CONFIG_RELOAD, applied=False, generation=self.generation, errors=[str(i) for i in orphaned])
+            log.warning(
+                events.LOG_CONFIG_RELOAD, applied=False, generation=self.generation, errors=[str(i) for i in orphaned]
+            )
             return ReloadResult(generation=self.generation, applied=False, errors=orphaned)
         plan = plan_reload(self.config, new)
         policy_changed = policy != self.policy
         if not plan.changed and not policy_changed:
             result = ReloadResult(generation=self.generation, applied=True, restart_required=plan.restart_required)
             self.metrics.reloads.labels(result="unchanged").inc()
-            log.info(events.LOG_CONFIG_RELOAD, applied=True, generation=self.generation, changed=[],
-                     restart_required=plan.restart_required)
+            log.info(
+                events.LOG_CONFIG_RELOAD,
+                applied=True,
+                generation=self.generation,
+                changed=[],
+                restart_required=plan.restart_required,
+            )
             return result
         old_limits = self.config.limits
         self.config, self.policy = plan.config, policy
         self.generation += 1
         self.metrics.generation.set(self.generation)
         swapped = await self._fan_out(plan.intelligence_changed, limits_changed=plan.config.limits != old_limits)
-        changed = plan.changed + (["model_swap (effective)"] if policy_changed and "model_swap" not in plan.changed else [])
-        result = ReloadResult(generation=self.generation, applied=True, changed=changed,
-                              restart_required=plan.restart_required, swapped_sessions=swapped)
+        changed = plan.changed + (
+            ["model_swap (effective)"] if policy_changed and "model_swap" not in plan.changed else []
+        )
+        result = ReloadResult(
+            generation=self.generation,
+            applied=True,
+            changed=changed,
+            restart_required=plan.restart_required,
+            swapped_sessions=swapped,
+        )
         self.metrics.reloads.labels(result="applied").inc()
-        log.info(events.LOG_CONFIG_RELOAD, applied=True, generation=self.generation, changed=changed,
-                 restart_required=plan.restart_required, swapped_sessions=len(swapped),
-                 policy=policy.policy.value, policy_source=policy.source)
+        log.info(
+            events.LOG_CONFIG_RELOAD,
+            applied=True,
+            generation=self.generation,
+            changed=changed,
+            restart_required=plan.restart_required,
+            swapped_sessions=len(swapped),
+            policy=policy.policy.value,
+            policy_source=policy.source,
+        )
         return result
 
     def _orphaned_sessions(self, new: Config) -> list[ConfigIssue]:
@@ -257,9 +290,13 @@ class Supervisor:
         for runtime in self.sessions.values():
             if runtime.assistant not in names:
                 on[runtime.assistant] = on.get(runtime.assistant, 0) + 1
-        return [ConfigIssue("assistants", f"assistant {name!r} was removed but {count} open session(s) are on it; "
-                                          "keep it until they are closed")
-                for name, count in sorted(on.items())]
+        return [
+            ConfigIssue(
+                "assistants",
+                f"assistant {name!r} was removed but {count} open session(s) are on it; keep it until they are closed",
+            )
+            for name, count in sorted(on.items())
+        ]
 
     async def _fan_out(self, intelligence_changed: list[str], *, limits_changed: bool = False) -> list[str]:
         """Send SwapIntel where it matters; return the sessions whose current assistant's intelligence changed.
@@ -274,7 +311,9 @@ class Supervisor:
         frame = self.swap_frame()
         runtimes = [r for r in self.sessions.values() if not r.closing]
         # Older generations still waiting for acks are superseded (their children may be gone).
-        self._awaiting_acks = {frame.generation: ({r.id for r in runtimes if r.child_state == "ready"}, time.monotonic())}
+        self._awaiting_acks = {
+            frame.generation: ({r.id for r in runtimes if r.child_state == "ready"}, time.monotonic())
+        }
         swapped = sessions_to_swap({r.id: r.assistant for r in runtimes}, intelligence_changed)
         async with anyio.create_task_group() as tg:
             for runtime in runtimes:
@@ -283,26 +322,45 @@ class Supervisor:
 
     async def _send_swap(self, runtime: SessionRuntime, frame: SwapIntel, affected: bool) -> None:
         if await runtime.send_swap(frame) and affected:
-            log.info(events.LOG_SWAP_SENT, session=runtime.id, pid=runtime.child.pid if runtime.child else None,
-                     generation=frame.generation, assistant=runtime.assistant,
-                     model_to=frame.intelligence[runtime.assistant].model if runtime.assistant in frame.intelligence else None,
-                     policy=frame.policy.value)
+            log.info(
+                events.LOG_SWAP_SENT,
+                session=runtime.id,
+                pid=runtime.child.pid if runtime.child else None,
+                generation=frame.generation,
+                assistant=runtime.assistant,
+                model_to=frame.intelligence[runtime.assistant].model
+                if runtime.assistant in frame.intelligence
+                else None,
+                policy=frame.policy.value,
+            )
 
     # ------------------------------------------------------------------ API operations
 
     def status(self) -> StatusView:
         children = [
-            ChildView(pid=r.child.pid if r.child else None, sessions=[r.id], state=r.child_state,
-                      generation=r.child_generation, restarts=r.child_restarts)
-            for r in self.sessions.values() if r.child is not None or r.child_restarts
+            ChildView(
+                pid=r.child.pid if r.child else None,
+                sessions=[r.id],
+                state=r.child_state,
+                generation=r.child_generation,
+                restarts=r.child_restarts,
+            )
+            for r in self.sessions.values()
+            if r.child is not None or r.child_restarts
         ]
-        counts = SessionCounts(open=sum(1 for r in self.sessions.values() if r.state != "failed"),
-                               failed=sum(1 for r in self.sessions.values() if r.state == "failed"))
+        counts = SessionCounts(
+            open=sum(1 for r in self.sessions.values() if r.state != "failed"),
+            failed=sum(1 for r in self.sessions.values() if r.state == "failed"),
+        )
         return StatusView(
-            pid=os.getpid(), version=__version__, generation=self.generation,
+            pid=os.getpid(),
+            version=__version__,
+            generation=self.generation,
             model_swap=PolicyView(policy=self.policy.policy.value, source=self.policy.source),
             config_path=str(self.options.config_path) if self.options.config_path else None,
-            children=children, sessions=counts, draining=self.draining,
+            children=children,
+            sessions=counts,
+            draining=self.draining,
         )
 
     def metrics_text(self) -> bytes:
@@ -339,8 +397,14 @@ class Supervisor:
         plan = opener_plan(assistant, history)
         if plan.kind is OpenerKind.FIRST_MESSAGE:
             history.append(opener_message(plan, turn=None, model=model))
-        await self.store.create_session(session_id, assistant=name, generation=self.generation, model=model,
-                                        created_at=time.time(), transcript=history)
+        await self.store.create_session(
+            session_id,
+            assistant=name,
+            generation=self.generation,
+            model=model,
+            created_at=time.time(),
+            transcript=history,
+        )
         runtime = SessionRuntime(self, session_id, name, "idle", self.generation, model, history)
         self.sessions[session_id] = runtime
         assert self._tg is not None
@@ -355,12 +419,16 @@ class Supervisor:
         summaries = []
         for stored in await self.store.list_sessions():
             runtime = self.sessions.get(stored.id)
-            summaries.append(SessionSummary(
-                id=stored.id, assistant=runtime.assistant if runtime else stored.assistant,
-                state=runtime.state if runtime else stored.state,
-                generation=runtime.generation if runtime else stored.generation,
-                model=runtime.model if runtime else stored.model, turns=stored.turn_count,
-            ))
+            summaries.append(
+                SessionSummary(
+                    id=stored.id,
+                    assistant=runtime.assistant if runtime else stored.assistant,
+                    state=runtime.state if runtime else stored.state,
+                    generation=runtime.generation if runtime else stored.generation,
+                    model=runtime.model if runtime else stored.model,
+                    turns=stored.turn_count,
+                )
+            )
         return summaries
 
     async def get_session(self, session_id: str) -> SessionView:
@@ -408,8 +476,9 @@ class Supervisor:
         runtime.resume()
 
     async def _start_turn(self, runtime: SessionRuntime, message: UserMessage | None) -> PendingTurn:
-        turn = PendingTurn(id=message.turn if message and message.turn else _new_id("t"), message=message,
-                           started_at=time.time())
+        turn = PendingTurn(
+            id=message.turn if message and message.turn else _new_id("t"), message=message, started_at=time.time()
+        )
         runtime.pending, runtime.state = turn, "running"  # reserve synchronously: a concurrent request gets 409
         # Stored before delivered: deliver() only sends once begin_turn has committed the input.
         with anyio.CancelScope(shield=True):
@@ -443,5 +512,10 @@ class Supervisor:
         await self.store.update_session(session_id, state="closed")
         self.sessions.pop(session_id, None)
         log.info("session.closed", session=session_id)
-        return SessionSummary(id=session_id, assistant=runtime.assistant, state="closed",
-                              generation=runtime.generation, model=runtime.model)
+        return SessionSummary(
+            id=session_id,
+            assistant=runtime.assistant,
+            state="closed",
+            generation=runtime.generation,
+            model=runtime.model,
+        )

@@ -166,8 +166,15 @@ def run_daemon(options: DaemonOptions) -> int:
         return _fail(f"cannot start: {exc}", EXIT_RUNTIME)
 
 
-async def _serve(options: DaemonOptions, config, policy, state_dir: Path, listen: str | None, token: str,  # type: ignore[no-untyped-def]
-                 early: EarlySignals) -> int:
+async def _serve(
+    options: DaemonOptions,
+    config,
+    policy,
+    state_dir: Path,
+    listen: str | None,
+    token: str,  # type: ignore[no-untyped-def]
+    early: EarlySignals,
+) -> int:
     store = await Store.open(state_dir / DB_FILE)
     supervisor = Supervisor(options, config, policy, store)
     socket_path = state_dir / SOCKET_FILE
@@ -184,9 +191,16 @@ async def _serve(options: DaemonOptions, config, policy, state_dir: Path, listen
                     tg.start_soon(lambda s=server, k=sock: s.serve(sockets=[k]))
                 if options.watch_config and options.config_path is not None:
                     tg.start_soon(_watch_config, supervisor, options.config_path)
-                log.info("supervisor.started", pid=os.getpid(), state_dir=str(state_dir), generation=supervisor.generation,
-                         model_swap=policy.policy.value, model_swap_source=policy.source, listen=listen,
-                         config=str(options.config_path) if options.config_path else "<built-in quickstart>")
+                log.info(
+                    "supervisor.started",
+                    pid=os.getpid(),
+                    state_dir=str(state_dir),
+                    generation=supervisor.generation,
+                    model_swap=policy.policy.value,
+                    model_swap_source=policy.source,
+                    listen=listen,
+                    config=str(options.config_path) if options.config_path else "<built-in quickstart>",
+                )
                 notify("READY=1", f"STATUS=generation {supervisor.generation}", f"MAINPID={os.getpid()}")
                 exit_code = await _handle_signals(signals, supervisor, tg, early.received)
                 for server, _ in servers:
@@ -203,8 +217,9 @@ async def _serve(options: DaemonOptions, config, policy, state_dir: Path, listen
     return exit_code
 
 
-async def _handle_signals(signals: AsyncIterator[int], supervisor: Supervisor, tg: anyio.abc.TaskGroup,
-                          early: list[int]) -> int:
+async def _handle_signals(
+    signals: AsyncIterator[int], supervisor: Supervisor, tg: anyio.abc.TaskGroup, early: list[int]
+) -> int:
     """Serve signals (those received during start-up first) until shutdown completes; return the exit code."""
     shutdown_done = anyio.Event()
     result = {"code": 0}
@@ -255,6 +270,7 @@ async def _handle_signals(signals: AsyncIterator[int], supervisor: Supervisor, t
 
 async def _watch_config(supervisor: Supervisor, path: Path) -> None:
     """``--watch-config``: reload when the file's mtime changes and then holds still (debounced)."""
+
     def stamp() -> float | None:
         try:
             return path.stat().st_mtime

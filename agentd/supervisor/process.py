@@ -20,7 +20,7 @@ from anyio.streams.text import TextReceiveStream
 
 from agentd.protocol import Failed, Frame, FrameChannel, ProtocolError, Ready, Shutdown, Spawn
 
-__all__ = ["ChildProcess", "SpawnError", "KILL_AFTER_TERM"]
+__all__ = ["KILL_AFTER_TERM", "ChildProcess", "SpawnError"]
 
 KILL_AFTER_TERM = 2.0
 
@@ -42,7 +42,9 @@ class ChildProcess:
         return self.process.pid
 
     @classmethod
-    async def start(cls, child_id: str, *, env: Mapping[str, str] | None = None, python: str = sys.executable) -> ChildProcess:
+    async def start(
+        cls, child_id: str, *, env: Mapping[str, str] | None = None, python: str = sys.executable
+    ) -> ChildProcess:
         """Start ``python -m agentd.child`` with the channel on an inherited fd."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -76,7 +78,9 @@ class ChildProcess:
                 raise SpawnError(f"child {self.child_id}: {exc}") from None
             if isinstance(frame, Ready):
                 if frame.protocol_version != spawn.protocol_version:
-                    raise SpawnError(f"child {self.child_id} speaks protocol version {frame.protocol_version}, not {spawn.protocol_version}")
+                    raise SpawnError(
+                        f"child {self.child_id} speaks protocol version {frame.protocol_version}, not {spawn.protocol_version}"
+                    )
                 return frame
             if isinstance(frame, Failed):
                 raise SpawnError(f"child {self.child_id} refused the spawn: {frame.error}")

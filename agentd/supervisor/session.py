@@ -79,8 +79,16 @@ class PendingTurn:
 class SessionRuntime:
     """Supervisor-side state of one open session."""
 
-    def __init__(self, host: Supervisor, session_id: str, assistant: str, state: SessionState, generation: int,
-                 model: str, transcript: list[Message]) -> None:
+    def __init__(
+        self,
+        host: Supervisor,
+        session_id: str,
+        assistant: str,
+        state: SessionState,
+        generation: int,
+        model: str,
+        transcript: list[Message],
+    ) -> None:
         self.host = host
         self.id = session_id
         self.assistant = assistant
@@ -341,8 +349,13 @@ class SessionRuntime:
             case TurnDone():
                 await self._on_turn_done(frame)
             case TurnDiscarded():
-                log.info(events.LOG_TURN_DISCARDED, session=self.id, turn=frame.turn, model=frame.attempt.model,
-                         steps=frame.attempt.steps)
+                log.info(
+                    events.LOG_TURN_DISCARDED,
+                    session=self.id,
+                    turn=frame.turn,
+                    model=frame.attempt.model,
+                    steps=frame.attempt.steps,
+                )
             case SwapAck(generation=generation):
                 self.child_generation = max(self.child_generation, generation)
                 self.host.swap_acked(self, generation)
@@ -366,9 +379,14 @@ class SessionRuntime:
         with anyio.CancelScope(shield=True):  # a turn's results are committed whatever else happens
             model = self.host.model_of(done.assistant, self.model) if done.assistant != self.assistant else None
             try:
-                committed = await self.host.store.commit_turn(self.id, done.record, assistant=done.assistant,
-                                                              messages=done.messages, transcript=done.transcript,
-                                                              model=model)
+                committed = await self.host.store.commit_turn(
+                    self.id,
+                    done.record,
+                    assistant=done.assistant,
+                    messages=done.messages,
+                    transcript=done.transcript,
+                    model=model,
+                )
             except StoreError as exc:
                 log.error("turn.commit_failed", session=self.id, turn=turn_id, error=str(exc))
                 return
@@ -379,8 +397,11 @@ class SessionRuntime:
         """Take a committed turn in: the session's transcript, the turn's entries, and a transfer's assistant."""
         if done.transcript is not None:  # a transfer rewrote the history
             self.transcript = list(done.transcript)
-            pending.entries = [entry_from_message(seq, m) for seq, m in zip(seqs, done.transcript, strict=True)
-                               if m.turn == done.record.id and not isinstance(m, UserMessage)]
+            pending.entries = [
+                entry_from_message(seq, m)
+                for seq, m in zip(seqs, done.transcript, strict=True)
+                if m.turn == done.record.id and not isinstance(m, UserMessage)
+            ]
         else:
             self.transcript = self.transcript + ([pending.message] if pending.message else []) + list(done.messages)
             pending.entries = [entry_from_message(seq, m) for seq, m in zip(seqs, done.messages, strict=True)]
@@ -410,8 +431,9 @@ class SessionRuntime:
                 log.warning("turn.abandon_failed", session=self.id, turn=pending.id, error=str(exc))
         if pending.message is not None:
             self.transcript = [*self.transcript, pending.message]
-        self._finish(pending, TurnRecord(id=pending.id, status=status, started_at=pending.started_at, ended_at=now,
-                                         error=error))
+        self._finish(
+            pending, TurnRecord(id=pending.id, status=status, started_at=pending.started_at, ended_at=now, error=error)
+        )
 
     def _finish(self, pending: PendingTurn, record: TurnRecord) -> None:
         """The turn has ended (``record`` as stored): free the session, count it, tell subscribers and the waiter."""
@@ -422,8 +444,15 @@ class SessionRuntime:
         pending.result = record
         self.host.metrics.turns.labels(status=record.status.value).inc()
         self.host.metrics.turn_seconds.observe(max(0.0, record.ended_at - record.started_at))
-        log.info(events.LOG_TURN_DONE, session=self.id, turn=record.id, status=record.status.value,
-                 models=list(record.models), restarts=record.restarts, steps=record.steps)
+        log.info(
+            events.LOG_TURN_DONE,
+            session=self.id,
+            turn=record.id,
+            status=record.status.value,
+            models=list(record.models),
+            restarts=record.restarts,
+            steps=record.steps,
+        )
         self.publish(events.TURN_DONE, record.id, turn_done_event(record, pending.entries))
         pending.done.set()
         self.host.turn_finished()

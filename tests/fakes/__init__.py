@@ -1,9 +1,9 @@
 """Fake model servers on loopback that speak the real wire formats, for provider and end-to-end tests.
 
-    with FakeOllama(default=Reply(content="hi")) as server:
-        server.script(status(503, retry_after="0"), Reply(content="second try"))
-        ... point agentd at server.url ...
-        assert server.models_served() == ["llama3", "llama3"]
+with FakeOllama(default=Reply(content="hi")) as server:
+    server.script(status(503, retry_after="0"), Reply(content="second try"))
+    ... point agentd at server.url ...
+    assert server.models_served() == ["llama3", "llama3"]
 """
 
 from tests.fakes.ollama import FakeOllama

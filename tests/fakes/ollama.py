@@ -45,5 +45,8 @@ class FakeOllama(FakeServer):
         return b"<html>this is not json</html>\n"
 
     def models_body(self) -> Any:
-        return {"models": [{"name": name, "model": name, "size": 1234, "details": {"family": "fake"}} for name in self.models]}
-
+        return {
+            "models": [
+                {"name": name, "model": name, "size": 1234, "details": {"family": "fake"}} for name in self.models
+            ]
+        }

@@ -39,7 +39,9 @@ class FakeOpenAI(FakeServer):
     def stream_records(self, reply: Reply, request: RecordedRequest, seq: int) -> list[bytes]:
         options = request.body.get("stream_options") if isinstance(request.body, dict) else None
         include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        return openai_events(reply, request.model or "unknown", layout=self.layout, include_usage=include_usage, seq=seq)
+        return openai_events(
+            reply, request.model or "unknown", layout=self.layout, include_usage=include_usage, seq=seq
+        )
 
     def body(self, reply: Reply, request: RecordedRequest, seq: int) -> Any:
         return openai_body(reply, request.model or "unknown", layout=self.layout, seq=seq)

@@ -78,7 +78,12 @@ def ollama_records(reply: Reply, model: str, *, with_ids: bool = True, seq: int 
     lines: list[dict[str, Any]] = []
 
     def line(**message: Any) -> dict[str, Any]:
-        return {"model": model, "created_at": CREATED_AT, "message": {"role": "assistant", "content": "", **message}, "done": False}
+        return {
+            "model": model,
+            "created_at": CREATED_AT,
+            "message": {"role": "assistant", "content": "", **message},
+            "done": False,
+        }
 
     for part in split_text(thinking or "", reply.pieces):
         lines.append(line(thinking=part))
@@ -158,7 +163,9 @@ def _sse(data: str, layout: OpenAILayout) -> bytes:
     return f"data: {data}{newline}{newline}".encode()
 
 
-def openai_events(reply: Reply, model: str, *, layout: OpenAILayout = OpenAILayout(), include_usage: bool = True, seq: int = 0) -> list[bytes]:
+def openai_events(
+    reply: Reply, model: str, *, layout: OpenAILayout = OpenAILayout(), include_usage: bool = True, seq: int = 0
+) -> list[bytes]:
     """The SSE events of a streamed chat completion, ending with ``data: [DONE]``."""
     content, thinking = _content_and_thinking(reply)
     base = {"id": f"chatcmpl-{seq}", "object": "chat.completion.chunk", "created": 1764500000, "model": model}

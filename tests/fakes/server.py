@@ -27,8 +27,17 @@ ScriptItem = Reply | Fault
 _GATE_SECONDS = 30.0
 Responder = Callable[["RecordedRequest"], ScriptItem]
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
 
 
 @dataclass
@@ -76,8 +85,13 @@ class FakeServer:
     default_stream = False
     stream_content_type = "application/octet-stream"
 
-    def __init__(self, *, default: ScriptItem | Responder = Reply(content="ok"), models: tuple[str, ...] = ("fake-model",),
-                 split_writes: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        default: ScriptItem | Responder = Reply(content="ok"),
+        models: tuple[str, ...] = ("fake-model",),
+        split_writes: bool = True,
+    ) -> None:
         self.default = default
         self.models = models
         self.split_writes = split_writes  # write each record in two pieces: lines split across reads
@@ -237,7 +251,9 @@ class FakeServer:
             self._changed.notify_all()
         return request
 
-    async def _respond(self, request: RecordedRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _respond(
+        self, request: RecordedRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
         if request.method == "GET" and request.path == self.models_path:
             await self._send_json(writer, 200, self.models_body())
             request.outcome = "models"
@@ -263,8 +279,14 @@ class FakeServer:
         request.outcome = item.kind
         return await self._act(item, request, reader, writer, stream)
 
-    async def _act(self, fault: Fault, request: RecordedRequest, reader: asyncio.StreamReader,
-                   writer: asyncio.StreamWriter, stream: bool) -> bool:
+    async def _act(
+        self,
+        fault: Fault,
+        request: RecordedRequest,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        stream: bool,
+    ) -> bool:
         if fault.kind == "status":
             message = fault.message
             if fault.echo_auth:
@@ -298,8 +320,14 @@ class FakeServer:
         await self._stall(reader)
         return False
 
-    async def _act_whole(self, fault: Fault, request: RecordedRequest, reader: asyncio.StreamReader,
-                         writer: asyncio.StreamWriter, records: list[bytes]) -> bool:
+    async def _act_whole(
+        self,
+        fault: Fault,
+        request: RecordedRequest,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        records: list[bytes],
+    ) -> bool:
         """Faults on a non-stream request: the same failures, on one JSON body."""
         body = json.dumps(self.body(fault.reply, request, self._seq)).encode()
         if fault.kind in ("drop", "truncate"):
@@ -335,12 +363,16 @@ class FakeServer:
         lines += [f"{name}: {value}" for name, value in headers.items()]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-    async def _send_json(self, writer: asyncio.StreamWriter, status: int, value: Any,
-                         extra: tuple[tuple[str, str], ...] = ()) -> None:
-        await self._send_bytes(writer, status, json.dumps(value).encode(), (("Content-Type", "application/json"), *extra))
+    async def _send_json(
+        self, writer: asyncio.StreamWriter, status: int, value: Any, extra: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        await self._send_bytes(
+            writer, status, json.dumps(value).encode(), (("Content-Type", "application/json"), *extra)
+        )
 
-    async def _send_bytes(self, writer: asyncio.StreamWriter, status: int, body: bytes,
-                          headers: tuple[tuple[str, str], ...] = ()) -> None:
+    async def _send_bytes(
+        self, writer: asyncio.StreamWriter, status: int, body: bytes, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         all_headers = {"Content-Length": str(len(body)), **dict(headers)}
         writer.write(self._head(status, all_headers) + body)
         await writer.drain()
@@ -367,4 +399,3 @@ class FakeServer:
             await self._chunk(writer, record)
         await self._end_chunked(writer)
         return True
-
