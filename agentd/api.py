@@ -26,6 +26,8 @@ from agentd.views import Accepted, CreateSession, ErrorBody, ErrorDetail, PostMe
 __all__ = ["BearerAuth", "build_app"]
 
 SSE_KEEPALIVE_SECONDS = 15.0
+DEFAULT_PAGE = 100  # GET /v1/sessions without ?limit=
+MAX_PAGE = 10_000
 
 
 class JSONResponse(Response):
@@ -35,8 +37,8 @@ class JSONResponse(Response):
         return msgspec.json.encode(content)
 
 
-def error_response(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse(ErrorBody(error=ErrorDetail(code=code, message=message)), status_code=status)
+def error_response(status: int, code: str, message: str, turn: str | None = None) -> JSONResponse:
+    return JSONResponse(ErrorBody(error=ErrorDetail(code=code, message=message, turn=turn)), status_code=status)
 
 
 async def _decode(request: Request, kind: type[Any], *, empty_ok: bool = False) -> Any:
@@ -64,7 +66,7 @@ def build_app(supervisor: Supervisor) -> Starlette:
         return JSONResponse({"ready": True})
 
     async def status(_: Request) -> Response:
-        return JSONResponse(supervisor.status())
+        return JSONResponse(await supervisor.status())
 
     async def reload(_: Request) -> Response:
         result = await supervisor.reload()
@@ -74,8 +76,12 @@ def build_app(supervisor: Supervisor) -> Starlette:
         body = await _decode(request, CreateSession, empty_ok=True)
         return JSONResponse(await supervisor.create_session(body.assistant), status_code=201)
 
-    async def list_sessions(_: Request) -> Response:
-        return JSONResponse(await supervisor.list_sessions())
+    async def list_sessions(request: Request) -> Response:
+        limit_text = request.query_params.get("limit", str(DEFAULT_PAGE))
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+            raise ApiError(400, "bad_limit", f"limit must be a whole number from 1 to {MAX_PAGE}, not {limit_text!r}")
+        after = request.query_params.get("after") or None
+        return JSONResponse(await supervisor.list_sessions(limit=int(limit_text), after=after))
 
     async def get_session(request: Request) -> Response:
         return JSONResponse(await supervisor.get_session(request.path_params["id"]))
@@ -93,7 +99,7 @@ def build_app(supervisor: Supervisor) -> Starlette:
         return JSONResponse(await supervisor.close_session(request.path_params["id"]))
 
     async def session_events(request: Request) -> Response:
-        stream = supervisor.subscribe(request.path_params["id"])
+        stream = await supervisor.subscribe(request.path_params["id"])
 
         async def body() -> AsyncIterator[bytes]:
             yield b": connected\n\n"
@@ -116,11 +122,11 @@ def build_app(supervisor: Supervisor) -> Starlette:
     async def metrics(_: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(supervisor.metrics_text(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await supervisor.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     async def on_api_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return error_response(exc.status, exc.code, exc.message)
+        return error_response(exc.status, exc.code, exc.message, exc.turn)
 
     async def on_http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

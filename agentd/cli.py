@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
 
     # Flags shared by every command that talks to a running daemon.
-    client = argparse.ArgumentParser(add_help=False)
+    client = _Parser(add_help=False)
     client.add_argument(
         "--state-dir",
         metavar="D",
@@ -382,7 +382,9 @@ def format_reload(result: ReloadResult) -> list[str]:
     if result.restart_required:
         lines.append(f"restart required (old values kept until then): {', '.join(result.restart_required)}")
     swapped = result.swapped_sessions
-    lines.append(f"swapped sessions: {len(swapped)}" + (f" ({', '.join(swapped)})" if swapped else ""))
+    total = max(result.swapped_total, len(swapped))
+    listed = f" ({', '.join(swapped)}{', …' if total > len(swapped) else ''})" if swapped else ""
+    lines.append(f"swapped sessions: {total}{listed}")
     lines.extend(str(error) for error in result.errors)
     return lines
 
@@ -406,26 +408,30 @@ def format_status(status: StatusView) -> list[str]:
         + ("  (draining)" if status.draining else ""),
         f"model swap:  {status.model_swap.policy} (from {status.model_swap.source})",
         f"config:      {status.config_path or 'built-in quickstart'}",
-        f"sessions:    {status.sessions.open} open, {status.sessions.failed} failed",
+        f"sessions:    {status.sessions.open} open, {status.sessions.loaded} loaded, "
+        f"{status.sessions.running} running, {status.sessions.failed} failed",
     ]
     if not status.children:
         lines.append("children:    none")
         return lines
     lines.append("children:")
-    header = ("PID", "STATE", "GEN", "RESTARTS", "SESSIONS")
+    header = ("PID", "STATE", "GEN", "RESTARTS", "IN FLIGHT", "SESSIONS")
     rows = [
         (
             str(c.pid) if c.pid is not None else "-",
             c.state,
             str(c.generation),
             str(c.restarts),
-            ", ".join(c.sessions) or "-",
+            str(c.in_flight),
+            str(c.sessions),
         )
         for c in status.children
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
-        lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+        lines.append(
+            "  " + "  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+        )
     return lines
 
 

@@ -88,7 +88,7 @@ class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     """Base for config sections: immutable, unknown keys rejected."""
 
 
-class Intelligence(_Section):
+class Intelligence(_Section, frozen=True):
     """Which model serves an assistant and how to reach it."""
 
     provider: ProviderName = "scripted"
@@ -98,7 +98,7 @@ class Intelligence(_Section):
     options: dict[str, Any] = {}
 
 
-class IntelligenceOverride(_Section):
+class IntelligenceOverride(_Section, frozen=True):
     """Per-assistant intelligence: every set field replaces the default's; ``options`` merge key-wise."""
 
     provider: ProviderName | None = None
@@ -108,7 +108,7 @@ class IntelligenceOverride(_Section):
     options: dict[str, Any] | None = None
 
 
-class Limits(_Section):
+class Limits(_Section, frozen=True):
     """The per-turn budget (RFC 0007 §4) and the restart-turn bound (RFC 0002 §5)."""
 
     max_steps: Annotated[int, msgspec.Meta(ge=1)] = 8
@@ -117,7 +117,7 @@ class Limits(_Section):
     max_turn_restarts: Annotated[int, msgspec.Meta(ge=0)] = 2
 
 
-class SupervisorSettings(_Section):
+class SupervisorSettings(_Section, frozen=True):
     """Child supervision timings (RFC 0003 §2, §5) and the pool of children (RFC 0006 §2)."""
 
     spawn_timeout: Seconds = 10.0
@@ -133,7 +133,7 @@ class SupervisorSettings(_Section):
     idle_unload: Seconds = 600.0
 
 
-class Transfer(_Section):
+class Transfer(_Section, frozen=True):
     """A destination the assistant may hand the conversation to."""
 
     to: Name
@@ -142,7 +142,7 @@ class Transfer(_Section):
     mode: TransferMode = TransferMode.ROLLING_HISTORY
 
 
-class Assistant(_Section):
+class Assistant(_Section, frozen=True):
     """A named persona: system prompt, tools, transfer destinations, opener, optional intelligence."""
 
     name: Name
@@ -157,7 +157,7 @@ class Assistant(_Section):
 DEFAULT_ASSISTANT = Assistant(name="assistant", system="You are a helpful assistant.")
 
 
-class ServerSettings(_Section):
+class ServerSettings(_Section, frozen=True):
     """Where the daemon lives. Restart-only: a reload reports a change here and keeps the old value.
 
     ``--state-dir``/``AGENTD_STATE_DIR`` and ``--listen``/``AGENTD_LISTEN`` take precedence.
@@ -170,7 +170,7 @@ class ServerSettings(_Section):
 RESTART_ONLY_SECTIONS = ("server",)
 
 
-class Config(_Section):
+class Config(_Section, frozen=True):
     """The whole config file. The first assistant is the default for new sessions."""
 
     model_swap: SwapPolicy | None = None

@@ -65,3 +65,6 @@ LOG_CHILD_SHUTDOWN: Final = "child.shutdown"
 LOG_INTEL_ERROR: Final = "intel.error"
 LOG_INTEL_FAILOVER: Final = "intel.failover"
 LOG_TRANSFER: Final = "session.transfer"
+LOG_SESSION_LOADED: Final = "session.loaded"  # opened on a child (from its committed transcript)
+LOG_SESSION_UNLOADED: Final = "session.unloaded"  # closed on its child after idle_unload
+LOG_SESSION_QUARANTINED: Final = "session.quarantined"  # its turns run on a child of its own now

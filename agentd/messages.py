@@ -45,13 +45,13 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, ta
     turn: str | None = None
 
 
-class UserMessage(_Message, tag="user", kw_only=True):
+class UserMessage(_Message, frozen=True, tag="user", kw_only=True):
     content: str
     images: tuple[str, ...] | None = None
     name: str | None = None
 
 
-class AssistantMessage(_Message, tag="assistant", kw_only=True):
+class AssistantMessage(_Message, frozen=True, tag="assistant", kw_only=True):
     content: str = ""
     thinking: str | None = None
     images: tuple[str, ...] | None = None
@@ -61,7 +61,7 @@ class AssistantMessage(_Message, tag="assistant", kw_only=True):
     assistant: str | None = None
 
 
-class SystemMessage(_Message, tag="system", kw_only=True):
+class SystemMessage(_Message, frozen=True, tag="system", kw_only=True):
     """A system prompt. ``name`` is the assistant whose prompt it is (transfers rely on it)."""
 
     content: str
@@ -69,7 +69,7 @@ class SystemMessage(_Message, tag="system", kw_only=True):
     name: str | None = None
 
 
-class ToolResult(_Message, tag="tool", kw_only=True):
+class ToolResult(_Message, frozen=True, tag="tool", kw_only=True):
     """The answer to one tool call; ``call_id`` pairs it with the call for providers that need ids."""
 
     name: str

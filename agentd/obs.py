@@ -46,7 +46,10 @@ def configure_logging(
 def get_logger(component: str) -> structlog.typing.FilteringBoundLogger:
     """A logger whose lines carry ``component``."""
     # get_logger(**initial) stays lazy: a module-level logger follows configure_logging() called later.
-    return structlog.get_logger(component=component)
+    # structlog.get_logger is typed Any (its return depends on configure()); this project configures a filtering
+    # bound logger, so name that type here.
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(component=component)
+    return logger
 
 
 class Metrics:
@@ -70,6 +73,18 @@ class Metrics:
         self.generation = Gauge("agentd_config_generation", "Running config generation", registry=self.registry)
         self.sessions = Gauge("agentd_sessions", "Sessions by state", ["state"], registry=self.registry)
         self.children = Gauge("agentd_children", "Child processes running", registry=self.registry)
+        self.session_loads = Counter(
+            "agentd_session_loads", "Sessions loaded on a child from the store", registry=self.registry
+        )
+        self.session_unloads = Counter(
+            "agentd_session_unloads", "Idle sessions unloaded from their child", registry=self.registry
+        )
+        self.child_crashes = Counter(
+            "agentd_child_crashes", "Children that ended without being asked to", registry=self.registry
+        )
+        self.turn_reruns = Counter(
+            "agentd_turn_reruns", "Turns re-run on another child after theirs ended", registry=self.registry
+        )
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

@@ -73,7 +73,7 @@ class _Frame(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_d
 # --------------------------------------------------------------------------- lifecycle
 
 
-class Spawn(_Frame, tag="spawn", kw_only=True):
+class Spawn(_Frame, frozen=True, tag="spawn", kw_only=True):
     """→ First frame to a new child: who it is and the config generation it starts on."""
 
     child_id: str
@@ -84,7 +84,7 @@ class Spawn(_Frame, tag="spawn", kw_only=True):
     config: Config
 
 
-class Ready(_Frame, tag="ready", kw_only=True):
+class Ready(_Frame, frozen=True, tag="ready", kw_only=True):
     """← The child accepted Spawn and reads control frames."""
 
     child_id: str
@@ -93,25 +93,25 @@ class Ready(_Frame, tag="ready", kw_only=True):
     protocol_version: int = msgspec.field(default_factory=lambda: PROTOCOL_VERSION)
 
 
-class Ping(_Frame, tag="ping", kw_only=True):
+class Ping(_Frame, frozen=True, tag="ping", kw_only=True):
     """→ Liveness probe; answered by Pong with the same ``seq`` even while a model call runs."""
 
     seq: int
 
 
-class Pong(_Frame, tag="pong", kw_only=True):
+class Pong(_Frame, frozen=True, tag="pong", kw_only=True):
     """← Answer to Ping."""
 
     seq: int
 
 
-class Shutdown(_Frame, tag="shutdown", kw_only=True):
+class Shutdown(_Frame, frozen=True, tag="shutdown", kw_only=True):
     """→ Start nothing new; let running turns end within ``grace`` seconds; then exit 0."""
 
     grace: float
 
 
-class Failed(_Frame, tag="failed", kw_only=True):
+class Failed(_Frame, frozen=True, tag="failed", kw_only=True):
     """← Something the child could not do. ``session`` unset = the child itself is failing."""
 
     error: str
@@ -122,7 +122,7 @@ class Failed(_Frame, tag="failed", kw_only=True):
 # --------------------------------------------------------------------------- sessions and turns
 
 
-class Open(_Frame, tag="open", kw_only=True):
+class Open(_Frame, frozen=True, tag="open", kw_only=True):
     """→ Host a session in this child, restored from its committed transcript."""
 
     session: str
@@ -130,13 +130,13 @@ class Open(_Frame, tag="open", kw_only=True):
     transcript: list[Message] = []
 
 
-class Close(_Frame, tag="close", kw_only=True):
+class Close(_Frame, frozen=True, tag="close", kw_only=True):
     """→ Stop hosting a session (its in-flight turn, if any, is cancelled). Not sent yet: RFC 0001 §5."""
 
     session: str
 
 
-class Input(_Frame, tag="input", kw_only=True):
+class Input(_Frame, frozen=True, tag="input", kw_only=True):
     """→ Run one turn. ``message`` unset = an opener turn (the assistant speaks first)."""
 
     session: str
@@ -147,14 +147,14 @@ class Input(_Frame, tag="input", kw_only=True):
     started_at: float | None = None
 
 
-class Cancel(_Frame, tag="cancel", kw_only=True):
+class Cancel(_Frame, frozen=True, tag="cancel", kw_only=True):
     """→ Cancel the session's in-flight turn (``turn`` unset = whatever turn is running)."""
 
     session: str
     turn: str | None = None
 
 
-class Event(_Frame, tag="event", kw_only=True):
+class Event(_Frame, frozen=True, tag="event", kw_only=True):
     """← A progress event for streaming (names in agentd.events)."""
 
     session: str
@@ -163,7 +163,7 @@ class Event(_Frame, tag="event", kw_only=True):
     data: dict[str, Any] = {}
 
 
-class TurnDiscarded(_Frame, tag="turn_discarded", kw_only=True):
+class TurnDiscarded(_Frame, frozen=True, tag="turn_discarded", kw_only=True):
     """← A turn attempt was discarded (restart-turn); the turn re-runs on the new model."""
 
     session: str
@@ -171,7 +171,7 @@ class TurnDiscarded(_Frame, tag="turn_discarded", kw_only=True):
     attempt: Discarded
 
 
-class TurnDone(_Frame, tag="turn_done", kw_only=True):
+class TurnDone(_Frame, frozen=True, tag="turn_done", kw_only=True):
     """← A turn ended: its record (``record.id`` is the turn), and the session it leaves behind.
 
     ``messages`` are what the turn appended (the input message excluded); ``assistant`` is the one
@@ -189,7 +189,7 @@ class TurnDone(_Frame, tag="turn_done", kw_only=True):
 # --------------------------------------------------------------------------- swaps
 
 
-class SwapIntel(_Frame, tag="swap_intel", kw_only=True):
+class SwapIntel(_Frame, frozen=True, tag="swap_intel", kw_only=True):
     """→ A reload changed intelligence. Carries every assistant's effective intelligence."""
 
     generation: int
@@ -201,13 +201,13 @@ class SwapIntel(_Frame, tag="swap_intel", kw_only=True):
     config: Config | None = None
 
 
-class SwapAck(_Frame, tag="swap_ack", kw_only=True):
+class SwapAck(_Frame, frozen=True, tag="swap_ack", kw_only=True):
     """← SwapIntel received and parked (sent at once, before it is applied)."""
 
     generation: int
 
 
-class SwapApplied(_Frame, tag="swap_applied", kw_only=True):
+class SwapApplied(_Frame, frozen=True, tag="swap_applied", kw_only=True):
     """← A session adopted a parked swap at a turn boundary."""
 
     session: str
@@ -239,7 +239,7 @@ Frame = (
 )
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder: msgspec.msgpack.Decoder[Frame] = msgspec.msgpack.Decoder(Frame)  # type: ignore[arg-type]
+_decoder: msgspec.msgpack.Decoder[Frame] = msgspec.msgpack.Decoder(Frame)
 
 
 def encode_frame(frame: Frame) -> bytes:

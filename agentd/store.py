@@ -50,7 +50,7 @@ __all__ = [
 T = TypeVar("T")
 
 #: The schema version this code writes; ``PRAGMA user_version`` of an up-to-date database.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SESSION_STATES: frozenset[str] = frozenset(get_args(SessionState))
 _TURN_STATUSES: frozenset[str] = frozenset(status.value for status in TurnStatus)
@@ -156,8 +156,17 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE UNIQUE INDEX turns_one_pending ON turns (session) WHERE status = 'pending'")
 
 
+def _migrate_v2(conn: sqlite3.Connection) -> None:
+    """Version 2: sessions are rows loaded on demand; counting and paging them must not scan turns.
+
+    ``sessions_state`` serves the status counts and the per-assistant counts of a reload; paging
+    uses the rowid (creation order). Turns are counted per session through ``UNIQUE (session, id)``.
+    """
+    conn.execute("CREATE INDEX sessions_state ON sessions (state, assistant)")
+
+
 #: version -> the migration that brings a database at version-1 to it (each runs in one transaction).
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1}
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1, 2: _migrate_v2}
 
 
 # --------------------------------------------------------------------------- encoding
@@ -298,32 +307,86 @@ class Store:
         """The session with its active transcript and all its turns, or None if unknown."""
         return await self._read(f"load session {session_id}", lambda conn: _load_session(conn, session_id))
 
-    async def list_sessions(self) -> list[StoredSession]:
-        """Every session (closed ones included) as a summary, newest first; transcript/turns empty."""
+    async def session_summary(self, session_id: str) -> StoredSession | None:
+        """The session's row only (no transcript, no turns; ``turn_count`` 0), or None if unknown."""
+
+        def op(conn: sqlite3.Connection) -> StoredSession | None:
+            row = _session_row(conn, session_id)
+            return None if row is None else _session_from_row(row)
+
+        return await self._read(f"read session {session_id}", op)
+
+    async def transcript(self, session_id: str, *, exclude_turn: str | None = None) -> list[Message]:
+        """The session's active transcript in order; ``exclude_turn``'s entries left out (its input re-runs)."""
+
+        def op(conn: sqlite3.Connection) -> list[Message]:
+            rows = conn.execute(
+                "SELECT message FROM entries WHERE session = ? AND active = 1 AND (turn IS NULL OR turn != ?)"
+                " ORDER BY seq",
+                (session_id, exclude_turn or ""),
+            )
+            return [_decode_message(text) for (text,) in rows]
+
+        return await self._read(f"read transcript of session {session_id}", op)
+
+    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[StoredSession]:
+        """One page of sessions (closed ones included) in creation order, newest last; transcript/turns empty.
+
+        ``after`` is the id of the last session of the previous page. StoreError if it is unknown.
+        """
 
         def op(conn: sqlite3.Connection) -> list[StoredSession]:
+            start = 0
+            if after is not None:
+                row = conn.execute("SELECT rowid FROM sessions WHERE id = ?", (after,)).fetchone()
+                if row is None:
+                    raise StoreError(f"no session {after!r} to page after")
+                start = row[0]
             rows = conn.execute(
-                f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, rowid DESC"
+                f"SELECT {_SESSION_COLUMNS}, (SELECT COUNT(*) FROM turns WHERE turns.session = sessions.id) AS turns"
+                " FROM sessions WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                (start, limit),
             ).fetchall()
-            counts = dict(conn.execute("SELECT session, COUNT(*) FROM turns GROUP BY session").fetchall())
-            return [
-                msgspec.structs.replace(_session_from_row(row), turn_count=counts.get(row["id"], 0)) for row in rows
-            ]
+            return [msgspec.structs.replace(_session_from_row(row), turn_count=row["turns"]) for row in rows]
 
         return await self._read("list sessions", op)
 
-    async def open_sessions(self) -> list[StoredSession]:
-        """Every session whose state is not ``closed``, fully loaded (oldest first): what to restore."""
+    async def interrupted_turns(self) -> list[tuple[StoredSession, StartedTurn]]:
+        """Every pending turn of a session that is not closed, oldest first: what a restart resumes."""
 
-        def op(conn: sqlite3.Connection) -> list[StoredSession]:
-            ids = [
-                row[0]
-                for row in conn.execute("SELECT id FROM sessions WHERE state != 'closed' ORDER BY created_at, rowid")
-            ]
-            sessions = [_load_session(conn, session_id) for session_id in ids]
-            return [session for session in sessions if session is not None]
+        def op(conn: sqlite3.Connection) -> list[tuple[StoredSession, StartedTurn]]:
+            found = []
+            for turn in conn.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turns WHERE status = ? ORDER BY started_at", (PENDING,)
+            ).fetchall():
+                row = _session_row(conn, turn["session"])
+                if row is not None and row["state"] != "closed":
+                    found.append((_session_from_row(row), _started_from_row(conn, turn)))
+            return found
 
-        return await self._read("list open sessions", op)
+        return await self._read("list interrupted turns", op)
+
+    async def session_counts(self) -> dict[str, int]:
+        """How many sessions are in each state (``idle``, ``running``, ``failed``, ``closed``)."""
+
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            counts = dict.fromkeys(sorted(_SESSION_STATES), 0)
+            counts.update(conn.execute("SELECT state, COUNT(*) FROM sessions GROUP BY state").fetchall())
+            return counts
+
+        return await self._read("count sessions", op)
+
+    async def open_sessions_by_assistant(self) -> dict[str, int]:
+        """How many sessions that are not closed are on each assistant."""
+
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            return dict(
+                conn.execute(
+                    "SELECT assistant, COUNT(*) FROM sessions WHERE state != 'closed' GROUP BY assistant"
+                ).fetchall()
+            )
+
+        return await self._read("count sessions by assistant", op)
 
     # ------------------------------------------------------------------ turns
 
@@ -582,13 +645,17 @@ _TURN_COLUMNS = (
 
 
 def _session_row(conn: sqlite3.Connection, session_id: str) -> sqlite3.Row | None:
-    return conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    row: sqlite3.Row | None = conn.execute(
+        f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+    ).fetchone()
+    return row
 
 
 def _turn_row(conn: sqlite3.Connection, session_id: str, turn_id: str) -> sqlite3.Row | None:
-    return conn.execute(
+    row: sqlite3.Row | None = conn.execute(
         f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? AND id = ?", (session_id, turn_id)
     ).fetchone()
+    return row
 
 
 def _pending_turn_row(conn: sqlite3.Connection, session_id: str, turn_id: str, refusal: str) -> sqlite3.Row:

@@ -82,7 +82,8 @@ class Entry(_Body, kw_only=True, omit_defaults=True):
 
 def entry_from_message(seq: int, message: Message) -> Entry:
     """The API view of a stored message."""
-    images = list(message.images) if getattr(message, "images", None) else None
+    raw_images: tuple[str, ...] | None = getattr(message, "images", None)  # every kind but a tool result
+    images = list(raw_images) if raw_images else None
     match message:
         case UserMessage():
             return Entry(
@@ -178,14 +179,16 @@ class SessionView(_Body, kw_only=True):
     model: str
     transcript: list[Entry] = []
     turns: list[TurnView] = []
+    child: int | None = None  # pid of the child it is loaded on; None while not loaded
 
 
 class ChildView(_Body, kw_only=True):
     pid: int | None
-    sessions: list[str]
-    state: str
+    sessions: int  # how many sessions are loaded on it
+    in_flight: int = 0  # how many of them have a turn running there
+    state: str  # its role in the pool: starting, spare, active, draining, quarantine
     generation: int
-    restarts: int = 0
+    restarts: int = 0  # how many crashed children its place in the pool has seen
 
 
 class PolicyView(_Body, kw_only=True):
@@ -194,7 +197,9 @@ class PolicyView(_Body, kw_only=True):
 
 
 class SessionCounts(_Body, kw_only=True):
-    open: int = 0
+    open: int = 0  # not closed (failed ones included)
+    loaded: int = 0  # loaded on a child
+    running: int = 0  # with a turn in flight
     failed: int = 0
 
 
@@ -215,7 +220,8 @@ class ReloadResult(_Body, kw_only=True):
     errors: list[ConfigIssue] = []
     changed: list[str] = []
     restart_required: list[str] = []
-    swapped_sessions: list[str] = []
+    swapped_sessions: list[str] = []  # at most 100 ids; swapped_total counts them all
+    swapped_total: int = 0
 
 
 class MessageResult(_Body, kw_only=True):
@@ -240,6 +246,7 @@ class PostMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class ErrorDetail(_Body, kw_only=True):
     code: str
     message: str
+    turn: str | None = None  # the turn concerned, when one was accepted (e.g. cut by a shutdown)
 
 
 class ErrorBody(_Body, kw_only=True):

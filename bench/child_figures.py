@@ -59,7 +59,7 @@ from agentd.protocol import (
     encode_frame,
 )
 from agentd.records import TurnRecord
-from agentd.supervisor.process import ChildProcess
+from agentd.supervisor.child import ChildProcess
 
 REPO = Path(__file__).resolve().parent.parent
 HANDSHAKE_TIMEOUT = 30.0

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -157,7 +157,11 @@ class Reload:
 class Bench:
     """One daemon with ``size`` sessions, each holding a turn in flight."""
 
-    _per_session = {"intel.swap.sent": "swap_sent", "intel.swap.acked": "acked", "intel.swap.parked": "parked"}
+    _per_session: ClassVar[dict[str, str]] = {
+        "intel.swap.sent": "swap_sent",
+        "intel.swap.acked": "acked",
+        "intel.swap.parked": "parked",
+    }
 
     def __init__(self, tmp: Path, size: int, log_level: str, hold: str) -> None:
         self.tmp = tmp

@@ -19,7 +19,8 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
-            str(c).ljust(w) if i in left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+            str(c).ljust(w) if i in left else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         )
 
     print(f"\n{title}")

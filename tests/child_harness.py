@@ -18,7 +18,7 @@ import anyio
 from agentd.config import Config, SwapPolicy, intelligence_map, parse_config
 from agentd.messages import UserMessage
 from agentd.protocol import Event, Frame, Input, Open, Spawn, SwapIntel
-from agentd.supervisor.process import ChildProcess
+from agentd.supervisor.child import ChildProcess
 
 F = TypeVar("F")
 TIMEOUT = 30.0
@@ -48,9 +48,10 @@ class ChildHarness:
             self.closed = True
             self._arrived.set()
 
-    async def expect(self, kind: type[F], where: Callable[[F], bool] = lambda _: True, timeout: float = TIMEOUT) -> F:
-        """The first frame of ``kind`` matching ``where`` not returned before (waits for it)."""
-        with anyio.fail_after(timeout):
+    async def expect(self, kind: type[F], where: Callable[[F], bool] = lambda _: True) -> F:
+        """The first frame of ``kind`` matching ``where`` not returned before (waits up to TIMEOUT for it;
+        a caller wanting a shorter wait wraps the call in its own ``anyio.fail_after``)."""
+        with anyio.fail_after(TIMEOUT):
             while True:
                 for index, frame in enumerate(self.frames):
                     if index not in self._consumed and isinstance(frame, kind) and where(frame):

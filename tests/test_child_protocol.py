@@ -33,7 +33,7 @@ from agentd.protocol import (
     TurnDiscarded,
     TurnDone,
 )
-from agentd.supervisor.process import ChildProcess, SpawnError
+from agentd.supervisor.child import ChildProcess, SpawnError
 from tests.child_harness import REPO, child_env, running_child, tool_log
 
 pytestmark = pytest.mark.anyio
@@ -406,7 +406,7 @@ _ORPHAN_PARENT = """
 import anyio
 from agentd.config import SwapPolicy, quickstart_config
 from agentd.protocol import Spawn
-from agentd.supervisor.process import ChildProcess
+from agentd.supervisor.child import ChildProcess
 
 async def main():
     child = await ChildProcess.start("orphan")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import itertools
 import os
 import shutil
 import socket
@@ -403,7 +404,7 @@ def test_stale_socket_is_not_running(short_dir: Path) -> None:
     stale.close()  # the file stays, nobody listens: what a crashed daemon leaves behind
     with (
         AgentdClient(short_dir) as client,
-        pytest.raises(DaemonNotRunning, match="does not accept connections.*stale socket"),
+        pytest.raises(DaemonNotRunning, match=r"does not accept connections.*stale socket"),
     ):
         client.status()
 
@@ -475,7 +476,7 @@ def test_sse_parser_one_character_at_a_time() -> None:
 @given(st.lists(st.integers(min_value=0, max_value=len(TRICKY_STREAM)), max_size=12))
 def test_sse_parser_any_chunking(cuts: list[int]) -> None:
     bounds = [0, *sorted(cuts), len(TRICKY_STREAM)]
-    chunks = [TRICKY_STREAM[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [TRICKY_STREAM[a:b] for a, b in itertools.pairwise(bounds)]
     assert list(iter_sse(chunks)) == TRICKY_EXPECTED
 
 
@@ -687,8 +688,8 @@ class FakeDaemon:
             generation=3,
             model_swap=PolicyView(policy="restart-turn", source="env"),
             config_path="/etc/agentd.toml",
-            children=[ChildView(pid=5151, sessions=["s-1", "s-2"], state="ready", generation=3, restarts=1)],
-            sessions=SessionCounts(open=2, failed=1),
+            children=[ChildView(pid=5151, sessions=2, in_flight=1, state="active", generation=3, restarts=1)],
+            sessions=SessionCounts(open=2, loaded=2, running=1, failed=1),
         )
         raw = msgspec.to_builtins(view)
         raw["added_later"] = {"x": 1}  # a field a newer daemon might add: clients must tolerate it
@@ -771,7 +772,7 @@ class FakeDaemon:
             return error(409, "no_subscriber", "test double: POST with wait=false before subscribing")
         chunks = turn_events(TURN_ID)
         if body.content == "drop":  # the stream ends mid-turn; the turn itself finishes
-            chunks = chunks[:6] + [None]
+            chunks = [*chunks[:6], None]
             self.finished_turns = [{**turn, "status": "completed"}]
             self.transcript_extra = [entry(9, "assistant", "recovered reply", model="echo-small", assistant="triage")]
         for queue in self.subscribers:
@@ -834,7 +835,7 @@ def test_client_routes_and_bodies(daemon: tuple[FakeDaemon, Path], monkeypatch: 
         assert client.ready() == {"ready": False, "reasons": ["draining"]}
         status = client.status()
         assert (status.generation, status.model_swap.policy, status.model_swap.source) == (3, "restart-turn", "env")
-        assert status.children[0].sessions == ["s-1", "s-2"]
+        assert status.children[0].sessions == 2 and status.children[0].in_flight == 1
         session = client.create_session("billing")
         assert session.assistant == "billing" and session.transcript[-1].content == "Hi! How can I help?"
         assert [s.id for s in client.list_sessions()] == [SESSION_ID]
@@ -945,9 +946,9 @@ def test_status_table_and_json(daemon: tuple[FakeDaemon, Path], capsys: pytest.C
     assert "generation 3" in table
     assert "restart-turn (from env)" in table
     assert "/etc/agentd.toml" in table
-    assert "2 open, 1 failed" in table
+    assert "2 open, 2 loaded, 1 running, 1 failed" in table
     child = next(line for line in table.splitlines() if "5151" in line)
-    assert child.split()[:4] == ["5151", "ready", "3", "1"] and "s-1, s-2" in child
+    assert child.split() == ["5151", "active", "3", "1", "1", "2"]
 
     assert cli.main(["status", "--state-dir", str(state_dir), "--json"]) == 0
     raw = msgspec.json.decode(capsys.readouterr().out)

@@ -99,14 +99,24 @@ def test_status_has_the_documented_fields(daemon: Daemon) -> None:
     assert status["generation"] == 1
     assert status["model_swap"] == {"policy": "restart-turn", "source": "file"}
     assert status["config_path"] == str(daemon.config_path)
+    assert set(status["sessions"]) == {"open", "loaded", "running", "failed"}
     assert status["sessions"]["open"] >= 1 and status["sessions"]["failed"] == 0
-    mine = [c for c in status["children"] if session in c["sessions"]]
+    assert status["sessions"]["loaded"] >= 1 and status["sessions"]["running"] == 0
+    pid = daemon.session(session)["child"]  # the child the session is loaded on
+    mine = [c for c in status["children"] if c["pid"] == pid]
     assert len(mine) == 1
     child = mine[0]
-    assert set(child) >= {"pid", "sessions", "state", "generation", "restarts"}
-    assert isinstance(child["pid"], int) and child["state"] == "ready"
+    assert set(child) >= {"pid", "sessions", "in_flight", "state", "generation", "restarts"}
+    assert child["state"] == "active" and child["sessions"] >= 1 and child["in_flight"] == 0
     assert child["generation"] == 1 and child["restarts"] == 0
     assert child["pid"] in child_pids_of(daemon.process.pid)
+
+    # The pool: at least two active children (children = 0 means the CPU count, at least 2) and a spare.
+    def pool_settled() -> bool:
+        states = [c["state"] for c in daemon.status()["children"]]
+        return states.count("active") >= 2 and "spare" in states
+
+    wait_until(pool_settled, "two active children and a spare")
 
 
 def test_reload_route_reports_the_documented_result(daemon: Daemon) -> None:
@@ -275,7 +285,9 @@ def test_delete_closes_the_session_and_keeps_its_transcript(daemon: Daemon) -> N
     assert_error(daemon.api("DELETE", f"/v1/sessions/{session}"), 404)
     listed = {s["id"]: s["state"] for s in daemon.json("GET", "/v1/sessions", status=200)}
     assert listed[session] == "closed"
-    assert all(session not in c["sessions"] for c in daemon.status()["children"])
+    assert after["child"] is None  # unloaded from its child
+    status = daemon.status()
+    assert status["sessions"]["loaded"] == sum(c["sessions"] for c in status["children"])
 
 
 def test_events_stream_a_turn_that_uses_the_clock(daemon: Daemon) -> None:

@@ -300,7 +300,9 @@ def test_all_endpoints_down_makes_readiness_503_while_the_turn_waits(tmp_path: P
 
 def test_all_endpoints_down_ends_intel_unavailable_and_the_session_stays_usable(tmp_path: Path) -> None:
     dead = distinct_refused_urls(2)
-    with running_daemon(tmp_path, ollama_config(OLD, dead, deadline="1s")) as daemon:
+    # The deadline counts from when the turn was accepted (loading the session included): 3 s leaves
+    # room for the first refused attempts, so the turn is waiting for intelligence when it ends.
+    with running_daemon(tmp_path, ollama_config(OLD, dead, deadline="3s")) as daemon:
         session = daemon.new_session()
         turn_id, events = start_turn(daemon, session)
         done = events.wait("turn.done", lambda d: d["turn"] == turn_id)

@@ -113,11 +113,13 @@ def test_invariants_under_any_history(events: list[tuple[int, str, float]]) -> N
         picked = endpoints.pick(now, exclude=[i for i in range(3) if i != index])
         if picked is None:
             continue
-        {
-            "ok": lambda: endpoints.succeeded(picked),
-            "fail": lambda: endpoints.failed(picked, now),
-            "release": lambda: endpoints.released(picked),
-        }[outcome]()
+        if outcome == "ok":
+            endpoints.succeeded(picked)
+        elif outcome == "fail":
+            endpoints.failed(picked, now)
+        else:
+            assert outcome == "release"
+            endpoints.released(picked)
         for health in endpoints.health:
             assert 5.0 <= health.cooldown <= 60.0
             assert health.state is not BreakerState.HALF_OPEN  # every probe got a verdict

@@ -126,7 +126,8 @@ def every_kind(turn: str = "t0") -> list[Message]:
 async def test_wal_mode_synchronous_full_foreign_keys_and_schema_version(store: Store, db_path: Path) -> None:
     assert raw(db_path, "PRAGMA journal_mode") == [("wal",)]  # WAL is persistent: any connection sees it
     assert raw(db_path, "PRAGMA user_version") == [(store_mod.SCHEMA_VERSION,)]
-    assert store_mod.SCHEMA_VERSION == 1
+    assert store_mod.SCHEMA_VERSION == 2
+    assert ("sessions_state",) in raw(db_path, "SELECT name FROM sqlite_master WHERE type = 'index'")
 
     def pragmas(conn: sqlite3.Connection) -> tuple[int, int]:
         return (conn.execute("PRAGMA synchronous").fetchone()[0], conn.execute("PRAGMA foreign_keys").fetchone()[0])
@@ -159,37 +160,52 @@ async def test_migration_hook_runs_each_missing_version_once(db_path: Path, monk
     await store.close()
 
     ran: list[int] = []
+    nxt = store_mod.SCHEMA_VERSION + 1
 
-    def migrate_v2(conn: sqlite3.Connection) -> None:
-        ran.append(2)
+    def migrate_next(conn: sqlite3.Connection) -> None:
+        ran.append(nxt)
         conn.execute("ALTER TABLE sessions ADD COLUMN note TEXT")
 
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(store_mod._MIGRATIONS, 2, migrate_v2)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", nxt)
+    monkeypatch.setitem(store_mod._MIGRATIONS, nxt, migrate_next)
     store = await Store.open(db_path)
     await store.close()
-    store = await Store.open(db_path)  # already at 2: nothing runs again
+    store = await Store.open(db_path)  # already at the newest version: nothing runs again
     loaded = await store.load_session("s1")
     await store.close()
 
-    assert ran == [2]
-    assert raw(db_path, "PRAGMA user_version") == [(2,)]
+    assert ran == [nxt]
+    assert raw(db_path, "PRAGMA user_version") == [(nxt,)]
     assert loaded is not None
     assert loaded.id == "s1"
 
 
+async def test_a_version_1_database_is_migrated_to_the_current_schema(db_path: Path) -> None:
+    conn = sqlite3.connect(db_path)
+    store_mod._migrate_v1(conn)
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    store = await Store.open(db_path)
+    await new_session(store)
+    assert (await store.session_counts())["idle"] == 1
+    await store.close()
+    assert raw(db_path, "PRAGMA user_version") == [(store_mod.SCHEMA_VERSION,)]
+
+
 async def test_a_failed_migration_leaves_the_version_unchanged(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     await (await Store.open(db_path)).close()
+    current = store_mod.SCHEMA_VERSION
 
     def broken(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE sessions ADD COLUMN note TEXT")
         conn.execute("THIS IS NOT SQL")
 
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(store_mod._MIGRATIONS, 2, broken)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", current + 1)
+    monkeypatch.setitem(store_mod._MIGRATIONS, current + 1, broken)
     with pytest.raises(StoreError, match="THIS"):
         await Store.open(db_path)
-    assert raw(db_path, "PRAGMA user_version") == [(1,)]
+    assert raw(db_path, "PRAGMA user_version") == [(current,)]
     assert "note" not in [row[1] for row in raw(db_path, "PRAGMA table_info(sessions)")]
 
 
@@ -562,23 +578,36 @@ async def test_a_failed_session_resumes_with_a_new_message(store: Store) -> None
     assert session.state == "running"
 
 
-async def test_list_and_open_sessions(store: Store) -> None:
+async def test_sessions_are_rows_paged_counted_and_read_without_their_transcript(store: Store) -> None:
     await new_session(store, "old", created_at=1.0)
-    await new_session(store, "mid", created_at=2.0)
+    await new_session(store, "mid", created_at=2.0, transcript=[SystemMessage(content="s")])
     await new_session(store, "new", created_at=3.0)
     await store.begin_turn("mid", "t1", UserMessage(content="hi"), started_at=5.0)
     await store.update_session("old", state="closed")
     await store.update_session("new", state="failed")
 
     summaries = await store.list_sessions()
-    assert [(s.id, s.state) for s in summaries] == [("new", "failed"), ("mid", "running"), ("old", "closed")]
+    assert [(s.id, s.state) for s in summaries] == [("old", "closed"), ("mid", "running"), ("new", "failed")]
     assert all(s.transcript == [] and s.turns == [] for s in summaries)
     assert [s.turn_count for s in summaries] == [0, 1, 0]
+    first = await store.list_sessions(limit=2)
+    assert [s.id for s in first] == ["old", "mid"]
+    assert [s.id for s in await store.list_sessions(limit=2, after=first[-1].id)] == ["new"]
+    with pytest.raises(StoreError, match="no session 'nope'"):
+        await store.list_sessions(after="nope")
 
-    opened = {s.id: s for s in await store.open_sessions()}
-    assert set(opened) == {"mid", "new"}  # closed sessions are not restored
-    assert [e.message for e in opened["mid"].transcript][-1] == UserMessage(content="hi", turn="t1")
-    assert opened["mid"].turns == [StartedTurn(id="t1", message=UserMessage(content="hi", turn="t1"), started_at=5.0)]
+    assert await store.session_counts() == {"closed": 1, "failed": 1, "idle": 0, "running": 1}
+    assert await store.open_sessions_by_assistant() == {"triage": 2}
+    summary = await store.session_summary("mid")
+    assert summary is not None and summary.state == "running" and summary.transcript == []
+    assert await store.session_summary("nope") is None
+    # A pending turn's own input is left out of the transcript it re-runs over.
+    assert await store.transcript("mid") == [SystemMessage(content="s"), UserMessage(content="hi", turn="t1")]
+    assert await store.transcript("mid", exclude_turn="t1") == [SystemMessage(content="s")]
+
+    interrupted = await store.interrupted_turns()
+    assert [(s.id, t.id) for s, t in interrupted] == [("mid", "t1")]  # closed sessions are not resumed
+    assert interrupted[0][1] == StartedTurn(id="t1", message=UserMessage(content="hi", turn="t1"), started_at=5.0)
     assert await store.load_session("nope") is None
 
 
@@ -606,7 +635,7 @@ async def test_reopen_restores_everything_including_a_pending_turn(db_path: Path
         assert after.turns[-1] == pending
         assert pending.message is not None
         assert after.transcript[-1] == StoredEntry(9, pending.message)
-        assert [s.id for s in await store.open_sessions()] == ["s1"]
+        assert [s.id for s, _ in await store.interrupted_turns()] == ["s1"]
         # The restored pending turn can be committed, and it still blocks a second one.
         with pytest.raises(StoreError, match="turn t2 is still pending"):
             await store.begin_turn("s1", "t3", UserMessage(content="third"), started_at=1800.0)

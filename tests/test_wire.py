@@ -159,16 +159,17 @@ def replies(draw: st.DrawFn) -> Reply:
 
 def _expected(reply: Reply, ids: list[str]) -> AssistantMessage:
     content = reply.content.lstrip() if reply.think_tags and reply.thinking else reply.content
+    calls = zip(ids, reply.tool_calls, strict=True)
     return AssistantMessage(
         content=content,
         thinking=reply.thinking,
-        tool_calls=tuple(ToolCall(id=i, name=c.name, arguments=c.arguments) for i, c in zip(ids, reply.tool_calls)),  # type: ignore[arg-type]
+        tool_calls=tuple(ToolCall(id=i, name=c.name, arguments=c.arguments) for i, c in calls),  # type: ignore[arg-type]
     )
 
 
 def _split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts})
-    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)])]
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
 
 
 @settings(max_examples=60)

@@ -14,7 +14,7 @@ import anyio
 from agentd import events
 from agentd.child.session import ChildSession
 from agentd.child.turn import run_turn
-from agentd.config import Intelligence, intelligence_map
+from agentd.config import Config, Intelligence, intelligence_map
 from agentd.obs import get_logger
 from agentd.protocol import (
     Cancel,
@@ -128,8 +128,22 @@ class ChildRuntime:
         await self.send(SwapAck(generation=frame.generation))
         self.generation, self.policy, self.limits = frame.generation, frame.policy, frame.limits
         self.intelligence = {**self.intelligence, **frame.intelligence}
+        if frame.config is not None:
+            self._adopt_config(frame.config)
         for session in list(self.sessions.values()):
             await session.park(frame)
+
+    def _adopt_config(self, config: Config) -> None:
+        """A new generation's prompts, tools and transfers: sessions opened from now on, and each
+        session's next turn, use them. Tools are resolved once per generation, not per turn."""
+        self.config = config
+        toolboxes = dict(self.toolboxes)
+        for assistant in config.assistants:
+            try:
+                toolboxes[assistant.name] = resolve_tools(assistant.tools)
+            except Exception as exc:  # validated by the supervisor first; never take the child down
+                log.error("child.tools_unresolved", child=self.child_id, assistant=assistant.name, error=str(exc))
+        self.toolboxes = toolboxes
 
     async def _on_open(self, frame: Open) -> None:
         if frame.session in self.sessions:

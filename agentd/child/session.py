@@ -44,7 +44,7 @@ class ChildSession:
         if assistant not in intelligence:
             raise KeyError(assistant)
         self.id = session_id
-        self.config = config  # assistants' prompts, tools and transfers as of this child's spawn
+        self.config = config  # assistants' prompts, tools and transfers of the generation it runs
         self.assistant = assistant
         self.transcript = transcript
         self.generation = generation
@@ -128,6 +128,8 @@ class ChildSession:
         # Merged, not replaced: an assistant dropped from the config keeps its last intelligence
         # for the sessions still on it.
         self.intelligence = {**self.intelligence, **frame.intelligence}
+        if frame.config is not None:
+            self.config = frame.config
         self.generation = frame.generation
         self.policy = frame.policy
         self.limits = frame.limits

@@ -384,7 +384,8 @@ async def run_turn(
         await session.emit(
             events.TURN_STARTED, turn, assistant=session.assistant, model=session.current_intelligence.model
         )
-        restarts, discarded, replay, usage = 0, [], {}, Usage()
+        restarts, discarded, usage = 0, [], Usage()
+        replay: Replay = {}
         scope = session.turn_scope or anyio.CancelScope()
         session.turn_scope = scope
         status: TurnStatus = TurnStatus.CANCELLED

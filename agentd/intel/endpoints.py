@@ -167,7 +167,7 @@ class Endpoints:
 
 def backoff_delay(round_index: int, policy: RetryPolicy, rng: random.Random | None = None) -> float:
     """The pause after failed round ``round_index`` (0-based): exponential, capped, jittered."""
-    base = min(policy.backoff * (2**round_index), policy.max_backoff)
+    base = min(policy.backoff * (2.0**round_index), policy.max_backoff)  # float: int**int is typed Any
     spread = base * policy.jitter
     return max(0.0, base + (rng or random).uniform(-spread, spread))
 
@@ -185,8 +185,6 @@ def parse_retry_after(value: str | None, wall_now: float) -> float | None:
         try:
             when = parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError):
-            return None
-        if when is None:
             return None
         seconds = when.timestamp() - wall_now
     if seconds != seconds or seconds < 0:  # NaN, or a date in the past

@@ -138,7 +138,12 @@ class ScriptedProvider:
 
     async def complete(self, request: CompletionRequest) -> Completion:
         if self.options.hold_file:
-            while not os.path.exists(self.options.hold_file):
+            hold = self.options.hold_file
+            # The stat runs in a worker thread, so a slow filesystem never stalls the loop (os.path.exists, not
+            # anyio.Path.exists: any OSError still means "not there yet"). ASYNC110 (use an Event, not a sleep
+            # loop) does not apply: another process (a test, a user) makes the file, which no anyio.Event can
+            # observe, and polling is this option's documented behaviour.
+            while not await anyio.to_thread.run_sync(os.path.exists, hold):  # noqa: ASYNC110
                 await anyio.sleep(_HOLD_POLL_SECONDS)
         if self.options.delay_ms:
             await anyio.sleep(self.options.delay_ms / 1000)

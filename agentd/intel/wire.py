@@ -247,9 +247,7 @@ def split_think(content: str) -> tuple[str | None, str]:
     body = content[opened.end() :]
     closed = _THINK_CLOSE.search(body)
     if closed is None:
-        if opened:
-            return body.strip() or None, ""
-        return None, content
+        return body.strip() or None, ""
     thinking = body[: closed.start()].strip()
     return thinking or None, body[closed.end() :].lstrip()
 

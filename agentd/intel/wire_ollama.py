@@ -274,8 +274,10 @@ def ollama_error_message(error: Any) -> str:
     """The text of an Ollama ``error`` value (a string; tolerate an OpenAI-style object)."""
     if isinstance(error, str):
         return error
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return error["message"]
+    if isinstance(error, dict):
+        message = error.get("message")
+        if isinstance(message, str):
+            return message
     return msgspec.json.encode(error).decode()
 
 

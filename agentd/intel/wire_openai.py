@@ -400,8 +400,10 @@ def openai_error_message(error: Any) -> str:
     """The text of an OpenAI ``error`` value: ``{message, type, code}`` (tolerate a bare string)."""
     if isinstance(error, str):
         return error
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return error["message"]
+    if isinstance(error, dict):
+        message = error.get("message")
+        if isinstance(message, str):
+            return message
     return msgspec.json.encode(error).decode()
 
 

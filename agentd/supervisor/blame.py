@@ -54,7 +54,7 @@ class Blame(msgspec.Struct, frozen=True):
 
 def blame(crashes: tuple[float, ...], now: float, *, window: float = CRASH_WINDOW) -> Blame:
     """Count a crash at ``now`` against a session with the recent ``crashes``; say what to do next."""
-    recent = tuple(t for t in crashes if now - t <= window) + (now,)
+    recent = (*(t for t in crashes if now - t <= window), now)
     if len(recent) > MAX_CRASHES:
         return Blame(recent, CrashVerdict.FAIL)
     if len(recent) >= QUARANTINE_AFTER:

@@ -1,8 +1,9 @@
-"""The supervisor: config generations, the session registry, reload fan-out, and the API's operations.
+"""The supervisor: config generations, the hot sessions, reload fan-out, and the API's operations.
 
-It never calls a model. Each open session has a ``SessionRuntime`` task that keeps a child process
-for it; the supervisor decides which sessions a reload swaps and turns API calls into stored
-inputs and ``Input`` frames. API errors are raised as ``ApiError`` with the HTTP status to answer.
+It never calls a model. Sessions are rows in the store; the pool (``agentd.supervisor.pool``)
+runs children that host them, the turn runner (``agentd.supervisor.runner``) drives their turns.
+This module decides what a reload swaps and turns API calls into stored inputs. API errors are
+raised as ``ApiError`` with the HTTP status to answer.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import secrets
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from agentd import __version__, events
 from agentd.budget import TurnStatus
@@ -22,6 +25,7 @@ from agentd.config import (
     Config,
     ConfigError,
     ConfigIssue,
+    Intelligence,
     PolicyChoice,
     effective_intelligence,
     intelligence_map,
@@ -31,12 +35,16 @@ from agentd.config import (
 )
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
-from agentd.protocol import Spawn, SwapIntel
-from agentd.records import StartedTurn
+from agentd.protocol import Cancel, Spawn, SwapIntel
+from agentd.records import SessionState, StartedTurn
 from agentd.store import Store, StoredSession, StoreError
+from agentd.supervisor.child import Child
 from agentd.supervisor.options import DaemonOptions
+from agentd.supervisor.pool import Pool
 from agentd.supervisor.reload import ReloadCoordinator, plan_reload, sessions_to_swap
-from agentd.supervisor.session import PendingTurn, SessionRuntime
+from agentd.supervisor.runner import TurnRunner
+from agentd.supervisor.session import EventItem, PendingTurn, SessionRuntime
+from agentd.swap import classify_swap
 from agentd.transfer import OpenerKind, opener_message, opener_plan, session_start_history
 from agentd.views import (
     Accepted,
@@ -56,13 +64,19 @@ from agentd.views import (
 __all__ = ["ApiError", "Supervisor", "load_daemon_config"]
 
 log = get_logger("supervisor")
+T = TypeVar("T")
+
+#: Interrupted turns re-run after a restart at most this many at a time (new work is served meanwhile).
+RESUME_CONCURRENCY = 16
+#: ``swapped_sessions`` of a reload result lists at most this many ids; ``swapped_total`` counts them all.
+SWAPPED_LIST_MAX = 100
 
 
 class ApiError(Exception):
-    """An API call that cannot be served: the HTTP status, a stable code, and a clear message."""
+    """An API call that cannot be served: the HTTP status, a stable code, a clear message, and the turn."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
-        self.status, self.code, self.message = status, code, message
+    def __init__(self, status: int, code: str, message: str, *, turn: str | None = None) -> None:
+        self.status, self.code, self.message, self.turn = status, code, message, turn
         super().__init__(message)
 
 
@@ -76,7 +90,12 @@ def _new_id(prefix: str) -> str:
 
 
 class Supervisor:
-    """Owns the running config generation and every open session."""
+    """Owns the running config generation, the hot sessions, the pool and the API's operations.
+
+    Sessions are rows in the store. ``sessions`` holds only the hot ones (loaded on a child,
+    running a turn or watched); any other session is read from the store when it is asked for, so
+    start-up and memory do not grow with the number of open sessions (RFC 0006).
+    """
 
     def __init__(self, options: DaemonOptions, config: Config, policy: PolicyChoice, store: Store) -> None:
         self.options = options
@@ -90,62 +109,59 @@ class Supervisor:
         self.draining = False
         self.stopping = False
         self.reloads: ReloadCoordinator[ReloadResult] = ReloadCoordinator(self._reload)
+        self.runner = TurnRunner(
+            store=store,
+            metrics=self.metrics,
+            running=self,
+            sessions=self.sessions,
+            on_swap_acked=self._swap_acked,
+            on_turn_finished=self._turn_finished,
+        )
+        self.pool = Pool(
+            settings=lambda: self.config.supervisor, spawn=self.spawn_frame, env=self.child_env, owner=self.runner
+        )
         self._tg: anyio.abc.TaskGroup | None = None
         self._turn_ended = anyio.Event()
         self._awaiting_acks: dict[int, tuple[set[str], float]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, tg: anyio.abc.TaskGroup) -> int:
-        """Restore every open session from the store and start its runtime. Returns how many."""
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start the pool and, in the background, resume interrupted turns. Returns at once.
+
+        No idle session is read: a session is loaded on its next message. Interrupted turns (their
+        input stored, their results not) re-run, at most ``RESUME_CONCURRENCY`` at a time, while new
+        work is served.
+        """
         self._tg = tg
-        restored = await self.store.open_sessions()
-        for stored in restored:
-            runtime = self._runtime_from_store(stored, await self.store.pending_turn(stored.id))
-            self.sessions[stored.id] = runtime
-            tg.start_soon(self._run_session, runtime)
-        log.info(
-            "supervisor.restored",
-            sessions=len(restored),
-            pending=sum(1 for r in self.sessions.values() if r.pending is not None),
-        )
-        return len(restored)
+        await tg.start(self.pool.run)
+        self.runner.attach(self.pool, tg)
+        tg.start_soon(self._resume_interrupted)
 
-    def _runtime_from_store(self, stored: StoredSession, pending: StartedTurn | None) -> SessionRuntime:
-        transcript = [e.message for e in stored.transcript if pending is None or e.message.turn != pending.id]
-        state = "failed" if stored.state == "failed" else "idle"
-        runtime = SessionRuntime(self, stored.id, stored.assistant, state, stored.generation, stored.model, transcript)
-        if pending is not None:
-            # An interrupted turn: its input is stored, its results are not. It re-runs.
-            runtime.pending = PendingTurn(
-                id=pending.id, message=pending.message, started_at=pending.started_at, stored=True
-            )
-            runtime.state = "running" if state != "failed" else state
-        return runtime
-
-    async def _run_session(self, runtime: SessionRuntime) -> None:
-        """A session's task. A bug in one session marks it failed; it never takes the daemon down."""
+    async def _resume_interrupted(self) -> None:
         try:
-            await runtime.run()
-        except Exception as exc:
-            log.exception("session.crashed", session=runtime.id)
-            with anyio.CancelScope(shield=True):
-                await runtime.fail(f"internal error: {type(exc).__name__}: {exc}")
-        finally:
-            if self.sessions.get(runtime.id) is runtime and runtime.closing and not self.stopping:
-                del self.sessions[runtime.id]
+            interrupted = await self.store.interrupted_turns()
+        except StoreError as exc:
+            log.error("supervisor.resume_failed", error=str(exc))
+            return
+        log.info("supervisor.restored", pending=len(interrupted))
+        limiter = anyio.CapacityLimiter(RESUME_CONCURRENCY)
 
-    def spawn_task(self, coro: Awaitable[Any]) -> None:
-        """Run a coroutine in the supervisor's task group (fire and forget, logged on failure)."""
-        assert self._tg is not None
+        async def resume(stored: StoredSession, started: StartedTurn) -> None:
+            async with limiter:
+                runtime = self.sessions.setdefault(stored.id, _runtime_from_row(stored))
+                if runtime.pending is not None or stored.state == "failed":
+                    return
+                # A daemon restart is not the turn's fault: its deadline starts again now.
+                turn = PendingTurn(
+                    id=started.id, message=started.message, started_at=started.started_at, budget_start=time.time()
+                )
+                runtime.pending, runtime.state = turn, "running"
+                await self.runner.drive(runtime, turn)
 
-        async def run() -> None:
-            try:
-                await coro
-            except Exception:
-                log.exception("supervisor.task_failed")
-
-        self._tg.start_soon(run)
+        async with anyio.create_task_group() as tg:
+            for stored, started in interrupted:
+                tg.start_soon(resume, stored, started)
 
     async def drain(self, grace: float) -> bool:
         """Stop accepting turns; wait up to ``grace`` for in-flight turns. True when all ended."""
@@ -158,37 +174,38 @@ class Supervisor:
         return self._running_turns() == 0
 
     async def stop(self) -> None:
-        """Stop every child (kill ladder) and end the session tasks."""
+        """Stop every child (kill ladder, no grace: the drain is over) and close every subscription."""
         self.stopping = True
+        await self.pool.stop(grace=0)
         for runtime in list(self.sessions.values()):
-            await runtime.close()
+            runtime.close_subscribers()
 
     def _running_turns(self) -> int:
-        return sum(1 for r in self.sessions.values() if r.pending is not None and r.state != "failed")
+        return sum(1 for r in self.sessions.values() if r.pending is not None and r.pending.cut is None)
 
-    def turn_finished(self) -> None:
+    def _turn_finished(self) -> None:
         self._turn_ended.set()
 
     # ------------------------------------------------------------------ what children are given
 
     def child_env(self) -> dict[str, str]:
+        """The environment a child starts with."""
         env = {k: v for k, v in os.environ.items() if k != "AGENTD_API_TOKEN"}  # tools need no API token
         env["AGENTD_LOG_LEVEL"] = self.options.log_level
         return env
 
-    def spawn_frame(self, child_id: str) -> tuple[int, Spawn]:
+    def spawn_frame(self, child_id: str) -> Spawn:
         """The Spawn for a new child: always the newest generation."""
-        return self.generation, Spawn(
-            child_id=child_id, generation=self.generation, policy=self.policy.policy, config=self.config
-        )
+        return Spawn(child_id=child_id, generation=self.generation, policy=self.policy.policy, config=self.config)
 
     def swap_frame(self) -> SwapIntel:
-        """The SwapIntel describing the running generation."""
+        """The SwapIntel describing the running generation (its whole config included)."""
         return SwapIntel(
             generation=self.generation,
             policy=self.policy.policy,
             intelligence=intelligence_map(self.config),
             limits=self.config.limits,
+            config=self.config,
         )
 
     def model_of(self, assistant: str, fallback: str) -> str:
@@ -198,14 +215,14 @@ class Supervisor:
         except KeyError:
             return fallback
 
-    def swap_acked(self, runtime: SessionRuntime, generation: int) -> None:
-        log.debug(events.LOG_SWAP_ACKED, session=runtime.id, generation=generation)
+    def _swap_acked(self, child: Child, generation: int) -> None:
+        log.debug(events.LOG_SWAP_ACKED, child=child.id, generation=generation)
         waiting = self._awaiting_acks.get(generation)
         if waiting is None:
             return
-        sessions, started = waiting
-        sessions.discard(runtime.id)
-        if not sessions:
+        children, started = waiting
+        children.discard(child.id)
+        if not children:
             del self._awaiting_acks[generation]
             log.info(events.LOG_SWAP_FANOUT_ACKED, generation=generation, seconds=round(time.monotonic() - started, 4))
 
@@ -235,7 +252,7 @@ class Supervisor:
                 events.LOG_CONFIG_RELOAD, applied=False, generation=self.generation, errors=[str(i) for i in exc.issues]
             )
             return result
-        orphaned = self._orphaned_sessions(new)
+        orphaned = await self._orphaned_sessions(new)
         if orphaned:
             self.metrics.reloads.labels(result="rejected").inc()
             log.warning(
@@ -255,11 +272,13 @@ class Supervisor:
                 restart_required=plan.restart_required,
             )
             return result
-        old_limits = self.config.limits
+        old_intelligence = intelligence_map(self.config)
         self.config, self.policy = plan.config, policy
         self.generation += 1
         self.metrics.generation.set(self.generation)
-        swapped = await self._fan_out(plan.intelligence_changed, limits_changed=plan.config.limits != old_limits)
+        self.pool.changed()  # the pool keys may have changed
+        swapped, swapped_total = await self._fan_out(plan.intelligence_changed)
+        self._swap_unloaded(old_intelligence)
         changed = plan.changed + (
             ["model_swap (effective)"] if policy_changed and "model_swap" not in plan.changed else []
         )
@@ -269,6 +288,7 @@ class Supervisor:
             changed=changed,
             restart_required=plan.restart_required,
             swapped_sessions=swapped,
+            swapped_total=swapped_total,
         )
         self.metrics.reloads.labels(result="applied").inc()
         log.info(
@@ -277,19 +297,21 @@ class Supervisor:
             generation=self.generation,
             changed=changed,
             restart_required=plan.restart_required,
-            swapped_sessions=len(swapped),
+            swapped_sessions=swapped_total,
             policy=policy.policy.value,
             policy_source=policy.source,
         )
         return result
 
-    def _orphaned_sessions(self, new: Config) -> list[ConfigIssue]:
+    async def _orphaned_sessions(self, new: Config) -> list[ConfigIssue]:
         """A new config must keep every assistant an open session is on (closing them is the operator's call)."""
         names = {a.name for a in new.assistants}
-        on: dict[str, int] = {}
-        for runtime in self.sessions.values():
-            if runtime.assistant not in names:
-                on[runtime.assistant] = on.get(runtime.assistant, 0) + 1
+        on = {
+            name: count for name, count in (await self.store.open_sessions_by_assistant()).items() if name not in names
+        }
+        for runtime in self.sessions.values():  # a transfer in flight may have moved a session already
+            if runtime.assistant not in names and not runtime.closing:
+                on.setdefault(runtime.assistant, 1)
         return [
             ConfigIssue(
                 "assistants",
@@ -298,59 +320,92 @@ class Supervisor:
             for name, count in sorted(on.items())
         ]
 
-    async def _fan_out(self, intelligence_changed: list[str], *, limits_changed: bool = False) -> list[str]:
-        """Send SwapIntel where it matters; return the sessions whose current assistant's intelligence changed.
+    def _swap_unloaded(self, old_intelligence: dict[str, Intelligence]) -> None:
+        """Hot sessions that are not loaded (watched, or waiting for a child) take the swap now.
 
-        Every child hosting a session gets the frame when any assistant's intelligence changed — it
-        carries every assistant's intelligence so a later transfer uses the new model — but only
-        sessions whose *current* assistant changed are swapped (the child compares, per session).
-        A change of limits alone is sent too: children adopt it at their next boundary.
+        They are idle, so their boundary is now (RFC 0002 §3); no child reports it for them, so the
+        supervisor does: the same ``swap.applied`` event a child would send. A session that waits
+        for a child with its turn accepted is loaded on the newest generation, so it swaps too.
         """
-        if not intelligence_changed and not limits_changed:
-            return []  # prompt/tool/transfer changes apply to new sessions; nothing to tell children
-        frame = self.swap_frame()
-        runtimes = [r for r in self.sessions.values() if not r.closing]
-        # Older generations still waiting for acks are superseded (their children may be gone).
-        self._awaiting_acks = {
-            frame.generation: ({r.id for r in runtimes if r.child_state == "ready"}, time.monotonic())
-        }
-        swapped = sessions_to_swap({r.id: r.assistant for r in runtimes}, intelligence_changed)
-        async with anyio.create_task_group() as tg:
-            for runtime in runtimes:
-                tg.start_soon(self._send_swap, runtime, frame, runtime.id in swapped)
-        return swapped
-
-    async def _send_swap(self, runtime: SessionRuntime, frame: SwapIntel, affected: bool) -> None:
-        if await runtime.send_swap(frame) and affected:
-            log.info(
-                events.LOG_SWAP_SENT,
-                session=runtime.id,
-                pid=runtime.child.pid if runtime.child else None,
-                generation=frame.generation,
-                assistant=runtime.assistant,
-                model_to=frame.intelligence[runtime.assistant].model
-                if runtime.assistant in frame.intelligence
-                else None,
-                policy=frame.policy.value,
+        new_intelligence = intelligence_map(self.config)
+        for runtime in self.sessions.values():
+            if runtime.child is not None or runtime.closing:
+                continue
+            runtime.generation = self.generation
+            old, new = old_intelligence.get(runtime.assistant), new_intelligence.get(runtime.assistant)
+            kind = classify_swap(old, new) if old is not None and new is not None else None
+            if kind is None or new is None or old is None:
+                continue
+            runtime.model = new.model
+            self.metrics.swaps.labels(kind=kind.value).inc()
+            runtime.publish(
+                events.SWAP_APPLIED,
+                None,
+                {
+                    "generation": self.generation,
+                    "kind": kind.value,
+                    "model_from": old.model,
+                    "model_to": new.model,
+                    "policy": self.policy.policy.value,
+                },
             )
+
+    async def _fan_out(self, intelligence_changed: list[str]) -> tuple[list[str], int]:
+        """Send one SwapIntel per child; return (a bounded list of, and the number of) swapped sessions.
+
+        Every child gets the frame — it carries the whole generation, so a later turn, a later
+        transfer and a session loaded later all use it — and each child swaps exactly the sessions
+        whose current assistant's intelligence changed. A session not loaded anywhere takes the
+        swap at once, without a process: it is opened on the newest generation when it is next
+        loaded. The cost does not depend on how many sessions are open.
+        """
+        frame = self.swap_frame()
+        children = [c for c in self.pool.children.values() if c.usable]
+        # Older generations still waiting for acks are superseded (their children may be gone).
+        self._awaiting_acks = {frame.generation: ({c.id for c in children}, time.monotonic())}
+        for child in children:
+            if await child.send(frame):
+                log.info(
+                    events.LOG_SWAP_SENT,
+                    child=child.id,
+                    pid=child.pid,
+                    generation=frame.generation,
+                    sessions=len(child.loaded),
+                    policy=frame.policy.value,
+                )
+        if not intelligence_changed:
+            return [], 0
+        hot = sessions_to_swap(
+            {r.id: r.assistant for r in self.sessions.values() if not r.closing}, intelligence_changed
+        )
+        try:
+            by_assistant = await self.store.open_sessions_by_assistant()
+            total = sum(by_assistant.get(name, 0) for name in intelligence_changed)
+        except StoreError:
+            total = len(hot)
+        return hot[:SWAPPED_LIST_MAX], max(total, len(hot))
 
     # ------------------------------------------------------------------ API operations
 
-    def status(self) -> StatusView:
+    async def status(self) -> StatusView:
+        """What ``agentd status`` shows: generation, policy, children and session counts."""
         children = [
             ChildView(
-                pid=r.child.pid if r.child else None,
-                sessions=[r.id],
-                state=r.child_state,
-                generation=r.child_generation,
-                restarts=r.child_restarts,
+                pid=c.pid,
+                sessions=len(c.loaded),
+                in_flight=len(c.in_flight),
+                state=c.role.value,
+                generation=c.generation,
+                restarts=c.restarts,
             )
-            for r in self.sessions.values()
-            if r.child is not None or r.child_restarts
+            for c in self.pool.children.values()
         ]
-        counts = SessionCounts(
-            open=sum(1 for r in self.sessions.values() if r.state != "failed"),
-            failed=sum(1 for r in self.sessions.values() if r.state == "failed"),
+        counts = await self.store.session_counts()
+        sessions = SessionCounts(
+            open=sum(n for state, n in counts.items() if state != "closed"),
+            loaded=sum(len(c.loaded) for c in self.pool.children.values()),
+            running=sum(1 for r in self.sessions.values() if r.pending is not None),
+            failed=counts.get("failed", 0),
         )
         return StatusView(
             pid=os.getpid(),
@@ -359,15 +414,21 @@ class Supervisor:
             model_swap=PolicyView(policy=self.policy.policy.value, source=self.policy.source),
             config_path=str(self.options.config_path) if self.options.config_path else None,
             children=children,
-            sessions=counts,
+            sessions=sessions,
             draining=self.draining,
         )
 
-    def metrics_text(self) -> bytes:
+    async def metrics_text(self) -> bytes:
         """Prometheus exposition, with the gauges read fresh."""
-        for state in ("idle", "running", "failed"):
-            self.metrics.sessions.labels(state=state).set(sum(1 for r in self.sessions.values() if r.state == state))
-        self.metrics.children.set(sum(1 for r in self.sessions.values() if r.child is not None))
+        counts = await self.store.session_counts()
+        running = sum(1 for r in self.sessions.values() if r.pending is not None)
+        self.metrics.sessions.labels(state="idle").set(
+            max(0, counts.get("idle", 0) + counts.get("running", 0) - running)
+        )
+        self.metrics.sessions.labels(state="running").set(running)
+        self.metrics.sessions.labels(state="failed").set(counts.get("failed", 0))
+        self.metrics.sessions.labels(state="loaded").set(sum(len(c.loaded) for c in self.pool.children.values()))
+        self.metrics.children.set(sum(1 for c in self.pool.children.values() if c.pid is not None))
         return self.metrics.render()
 
     def ready(self) -> list[str]:
@@ -397,57 +458,85 @@ class Supervisor:
         plan = opener_plan(assistant, history)
         if plan.kind is OpenerKind.FIRST_MESSAGE:
             history.append(opener_message(plan, turn=None, model=model))
-        await self.store.create_session(
-            session_id,
-            assistant=name,
-            generation=self.generation,
-            model=model,
-            created_at=time.time(),
-            transcript=history,
+        await self._store_or_503(
+            self.store.create_session(
+                session_id,
+                assistant=name,
+                generation=self.generation,
+                model=model,
+                created_at=time.time(),
+                transcript=history,
+            )
         )
-        runtime = SessionRuntime(self, session_id, name, "idle", self.generation, model, history)
-        self.sessions[session_id] = runtime
-        assert self._tg is not None
-        self._tg.start_soon(self._run_session, runtime)
         log.info("session.created", session=session_id, assistant=name, model=model)
         if plan.kind is OpenerKind.GENERATED:
+            runtime = self.sessions.setdefault(
+                session_id, SessionRuntime(session_id, name, "idle", self.generation, model)
+            )
             turn = await self._start_turn(runtime, None)
             await turn.done.wait()
         return await self.get_session(session_id)
 
-    async def list_sessions(self) -> list[SessionSummary]:
+    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]:
+        """One page of sessions in creation order (newest last), as the supervisor sees them now."""
+        try:
+            page = await self.store.list_sessions(limit=limit, after=after)
+        except StoreError as exc:
+            raise ApiError(400, "bad_cursor", str(exc)) from None
         summaries = []
-        for stored in await self.store.list_sessions():
-            runtime = self.sessions.get(stored.id)
+        for stored in page:
+            assistant, state, generation, model = self._effective(stored)
             summaries.append(
                 SessionSummary(
                     id=stored.id,
-                    assistant=runtime.assistant if runtime else stored.assistant,
-                    state=runtime.state if runtime else stored.state,
-                    generation=runtime.generation if runtime else stored.generation,
-                    model=runtime.model if runtime else stored.model,
+                    assistant=assistant,
+                    state=state,
+                    generation=generation,
+                    model=model,
                     turns=stored.turn_count,
                 )
             )
         return summaries
 
     async def get_session(self, session_id: str) -> SessionView:
-        stored = await self.store.load_session(session_id)
+        """The session with its whole transcript and every turn."""
+        stored = await self._store_or_503(self.store.load_session(session_id))
         if stored is None:
             raise ApiError(404, "not_found", f"no session {session_id!r}")
+        assistant, state, generation, model = self._effective(stored)
         runtime = self.sessions.get(session_id)
+        child = runtime.child if runtime is not None else None
         return SessionView(
             id=stored.id,
-            assistant=runtime.assistant if runtime else stored.assistant,
-            state=runtime.state if runtime else stored.state,
-            generation=runtime.generation if runtime else stored.generation,
-            model=runtime.model if runtime else stored.model,
+            assistant=assistant,
+            state=state,
+            generation=generation,
+            model=model,
             transcript=[entry_from_message(e.seq, e.message) for e in stored.transcript],
             turns=[turn_view(t) for t in stored.turns],
+            child=child.pid if child is not None else None,
         )
 
-    def _open_runtime(self, session_id: str) -> SessionRuntime:
+    def _effective(self, stored: StoredSession) -> tuple[str, SessionState, int, str]:
+        """(assistant, state, generation, model) as of now: the hot runtime's, else the row's.
+
+        A session that is not hot is not loaded anywhere, so it has taken every swap since its row
+        was written (it was idle): it runs the current generation's model for its assistant.
+        """
+        runtime = self.sessions.get(stored.id)
+        if runtime is not None:
+            return runtime.assistant, runtime.state, runtime.generation, runtime.model
+        if stored.state == "closed":
+            return stored.assistant, stored.state, stored.generation, stored.model
+        return stored.assistant, stored.state, self.generation, self.model_of(stored.assistant, stored.model)
+
+    async def _open_runtime(self, session_id: str) -> SessionRuntime:
+        """The hot runtime of an open session, made hot from its row if it was not. 404 if none."""
         runtime = self.sessions.get(session_id)
+        if runtime is None:
+            stored = await self._store_or_503(self.store.session_summary(session_id))
+            if stored is not None and stored.state != "closed":
+                runtime = self.sessions.setdefault(session_id, _runtime_from_row(stored))
         if runtime is None or runtime.closing:
             raise ApiError(404, "not_found", f"no open session {session_id!r}")
         return runtime
@@ -455,61 +544,74 @@ class Supervisor:
     async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted:
         """Store the user message, deliver it, and (``wait``) return the finished turn."""
         self._refuse_when_draining()
-        runtime = self._open_runtime(session_id)
         if not body.content.strip() and not body.images:
             raise ApiError(400, "empty_message", "content must not be empty")
-        if runtime.pending is not None and runtime.state != "failed":
+        runtime = await self._open_runtime(session_id)
+        if runtime.pending is not None:
             raise ApiError(409, "turn_running", f"session {session_id} is already running turn {runtime.pending.id}")
         if runtime.state == "failed":
-            await self._resume_failed(runtime)
+            runtime.state = "idle"  # a new message resumes a failed session
+            runtime.crashes, runtime.quarantined = (), False
+            await self._store_or_503(self.store.update_session(runtime.id, state="idle"))
         turn_id = _new_id("t")
         message = UserMessage(content=body.content, images=tuple(body.images) if body.images else None, turn=turn_id)
         turn = await self._start_turn(runtime, message)
         if not body.wait:
             return Accepted(turn_id=turn_id)
         await turn.done.wait()
-        return await self._turn_result(session_id, turn)
-
-    async def _resume_failed(self, runtime: SessionRuntime) -> None:
-        await runtime.abandon(TurnStatus.FAILED, "superseded by a new message after the session failed")
-        await self.store.update_session(runtime.id, state="idle")
-        runtime.resume()
+        return self._turn_result(turn)
 
     async def _start_turn(self, runtime: SessionRuntime, message: UserMessage | None) -> PendingTurn:
         turn = PendingTurn(
             id=message.turn if message and message.turn else _new_id("t"), message=message, started_at=time.time()
         )
+        if runtime.pending is not None:
+            raise ApiError(409, "turn_running", f"session {runtime.id} is already running turn {runtime.pending.id}")
         runtime.pending, runtime.state = turn, "running"  # reserve synchronously: a concurrent request gets 409
-        # Stored before delivered: deliver() only sends once begin_turn has committed the input.
+        # Stored before delivered: the runner only sees the turn once begin_turn has committed its input.
         with anyio.CancelScope(shield=True):
             try:
                 await self.store.begin_turn(runtime.id, turn.id, message, turn.started_at)
             except StoreError as exc:
                 runtime.pending, runtime.state = None, "idle"
                 raise ApiError(409, "turn_refused", str(exc)) from None
-            await runtime.deliver(turn)
+        self.runner.start(runtime, turn)
         return turn
 
-    async def _turn_result(self, session_id: str, turn: PendingTurn) -> MessageResult:
+    def _turn_result(self, turn: PendingTurn) -> MessageResult:
+        if turn.record is None:  # stopped without ending: the daemon is shutting down
+            raise ApiError(503, "turn_cut", f"turn {turn.id}: {turn.cut or 'not finished'}", turn=turn.id)
         # The record as stored, so this answer and GET /v1/sessions show the same turn (same started_at).
-        assert turn.result is not None
-        return MessageResult(turn=turn_view(turn.result), messages=turn.entries)
+        return MessageResult(turn=turn_view(turn.record), messages=turn.entries)
 
-    def subscribe(self, session_id: str) -> Any:
-        return self._open_runtime(session_id).subscribe()
+    async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[EventItem]:
+        """A stream of the session's events (it stays hot while subscribed)."""
+        return (await self._open_runtime(session_id)).subscribe()
 
     async def cancel(self, session_id: str) -> str:
-        runtime = self._open_runtime(session_id)
-        if runtime.pending is None:
+        """Ask the child running the session's turn to cancel it; the turn then ends ``cancelled``."""
+        runtime = await self._open_runtime(session_id)
+        turn = runtime.pending
+        if turn is None:
             raise ApiError(409, "no_turn", f"session {session_id} has no turn running")
-        return await runtime.cancel_turn()
+        turn.cancel_requested = True  # a turn not yet delivered is cancelled right after delivery
+        if turn.child is not None:
+            await turn.child.send(Cancel(session=runtime.id, turn=turn.id))
+        return turn.id
 
     async def close_session(self, session_id: str) -> SessionSummary:
-        runtime = self._open_runtime(session_id)
-        await runtime.close()
-        await runtime.abandon(TurnStatus.CANCELLED, "the session was closed")
+        """Close the session: unload it, end its turn ``cancelled``; the transcript is kept."""
+        runtime = await self._open_runtime(session_id)
+        runtime.closing = True
+        self.pool.unload(session_id)  # its child gets Close (which cancels a turn in flight there)
+        if runtime.pending is not None:
+            await self.runner.end_without_result(
+                runtime, runtime.pending, TurnStatus.CANCELLED, "the session was closed"
+            )
         runtime.state = "closed"
-        await self.store.update_session(session_id, state="closed")
+        runtime.child = None
+        await self._store_or_503(self.store.update_session(session_id, state="closed"))
+        runtime.close_subscribers()
         self.sessions.pop(session_id, None)
         log.info("session.closed", session=session_id)
         return SessionSummary(
@@ -519,3 +621,16 @@ class Supervisor:
             generation=runtime.generation,
             model=runtime.model,
         )
+
+    async def _store_or_503(self, call: Awaitable[T]) -> T:
+        """A store call an API request needs; a store that fails answers 503 naming what failed."""
+        try:
+            return await call
+        except StoreError as exc:
+            raise ApiError(503, "store_unavailable", str(exc)) from None
+
+
+def _runtime_from_row(stored: StoredSession) -> SessionRuntime:
+    """A hot runtime for a session read from its row (not loaded anywhere yet)."""
+    state: SessionState = "failed" if stored.state == "failed" else "idle"
+    return SessionRuntime(stored.id, stored.assistant, state, stored.generation, stored.model)

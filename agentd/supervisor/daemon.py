@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
+import resource
 import signal
 import socket
 import sys
@@ -25,7 +27,7 @@ import uvicorn
 
 from agentd import events
 from agentd.api import BearerAuth, build_app
-from agentd.config import ConfigError, resolve_swap_policy
+from agentd.config import Config, ConfigError, PolicyChoice, resolve_swap_policy
 from agentd.obs import configure_logging, get_logger
 from agentd.store import Store
 from agentd.supervisor.core import Supervisor, load_daemon_config
@@ -140,6 +142,40 @@ class EarlySignals:
         self.received.append(signum)
 
 
+def raise_fd_limit() -> None:
+    """Raise the soft limit on open files to the hard one: each child costs the supervisor two fds,
+    each API connection one, and systemd's default soft limit (1024) is far below what a pool and
+    thousands of clients need."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("supervisor.fd_limit", soft=soft, hard=hard, error=str(exc))
+
+
+def use_pidfd_child_watcher() -> None:
+    """Watch children through pidfds, not a thread per child.
+
+    Python 3.11's default asyncio child watcher starts a thread for every child process; from 3.12
+    on, asyncio picks a pidfd watcher by itself where the kernel has pidfds (and the watcher API
+    is deprecated), so this only acts on 3.11.
+    """
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    import asyncio
+
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:  # an old kernel: keep the default
+        return
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(asyncio.get_running_loop())
+    asyncio.get_event_loop_policy().set_child_watcher(watcher)
+
+
 def run_daemon(options: DaemonOptions) -> int:
     """Run the supervisor until SIGTERM/SIGINT; return the exit code (0 clean, 1 runtime, 2 config)."""
     early = EarlySignals()
@@ -156,6 +192,7 @@ def run_daemon(options: DaemonOptions) -> int:
     token = os.environ.get("AGENTD_API_TOKEN", "")
     if listen and not token:
         return _fail("--listen needs a bearer token: set AGENTD_API_TOKEN", EXIT_CONFIG)
+    raise_fd_limit()
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         with state_dir_lock(state_dir):
@@ -168,13 +205,14 @@ def run_daemon(options: DaemonOptions) -> int:
 
 async def _serve(
     options: DaemonOptions,
-    config,
-    policy,
+    config: Config,
+    policy: PolicyChoice,
     state_dir: Path,
     listen: str | None,
-    token: str,  # type: ignore[no-untyped-def]
+    token: str,
     early: EarlySignals,
 ) -> int:
+    use_pidfd_child_watcher()
     store = await Store.open(state_dir / DB_FILE)
     supervisor = Supervisor(options, config, policy, store)
     socket_path = state_dir / SOCKET_FILE
@@ -188,7 +226,7 @@ async def _serve(
             async with anyio.create_task_group() as tg:
                 await supervisor.start(tg)
                 for server, sock in servers:
-                    tg.start_soon(lambda s=server, k=sock: s.serve(sockets=[k]))
+                    tg.start_soon(functools.partial(server.serve, sockets=[sock]))
                 if options.watch_config and options.config_path is not None:
                     tg.start_soon(_watch_config, supervisor, options.config_path)
                 log.info(

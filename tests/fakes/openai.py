@@ -11,6 +11,8 @@ from tests.fakes.server import FakeServer, RecordedRequest
 
 __all__ = ["FakeOpenAI"]
 
+_CLASSIC_LAYOUT = OpenAILayout()  # frozen: one shared default is safe
+
 
 class FakeOpenAI(FakeServer):
     """Speaks ``/v1/chat/completions``. ``layout`` picks the stream layout (classic, or Ollama's
@@ -22,7 +24,7 @@ class FakeOpenAI(FakeServer):
     default_stream = False
     stream_content_type = "text/event-stream"
 
-    def __init__(self, *, layout: OpenAILayout = OpenAILayout(), api_key: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, layout: OpenAILayout = _CLASSIC_LAYOUT, api_key: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.layout = layout
         self.api_key = api_key

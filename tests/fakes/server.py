@@ -26,6 +26,7 @@ __all__ = ["FakeServer", "RecordedRequest", "refused_url"]
 ScriptItem = Reply | Fault
 _GATE_SECONDS = 30.0
 Responder = Callable[["RecordedRequest"], ScriptItem]
+_OK = Reply(content="ok")  # the default reply; frozen, so one shared instance is safe
 
 _REASONS = {
     200: "OK",
@@ -88,7 +89,7 @@ class FakeServer:
     def __init__(
         self,
         *,
-        default: ScriptItem | Responder = Reply(content="ok"),
+        default: ScriptItem | Responder = _OK,
         models: tuple[str, ...] = ("fake-model",),
         split_writes: bool = True,
     ) -> None:

@@ -1,0 +1,347 @@
+"""One child process of the pool, as the supervisor runs it: spawn, handshake, ping, kill ladder,
+and the frames it sends, routed by session id.
+
+The control channel is one end of a unix socketpair, inherited by the child as a dedicated fd
+(stdout stays free). The child starts with a safe ``sys.path`` (``python -P``: the daemon's working
+directory is never on it; ``PYTHONPATH`` and installed packages are) and the environment the pool
+gives it.
+
+Liveness is per child, not per session: one ``Ping`` every ``ping_interval``; no ``Pong`` within
+``ping_timeout`` starts the kill ladder — ``Shutdown{grace}`` → SIGTERM after the grace → SIGKILL
+2 s later → reap. Reaping always happens, so no zombie is left. See rfcs/0006-pool.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+import anyio
+import msgspec
+from anyio.abc import Process, SocketStream
+from anyio.streams.text import TextReceiveStream
+
+from agentd import events
+from agentd.config import SupervisorSettings
+from agentd.obs import get_logger
+from agentd.protocol import (
+    Failed,
+    Frame,
+    FrameChannel,
+    Ping,
+    Pong,
+    ProtocolError,
+    Ready,
+    Shutdown,
+    Spawn,
+    SwapAck,
+)
+from agentd.supervisor.placement import ChildRole, ChildSnapshot
+
+__all__ = ["KILL_AFTER_TERM", "Child", "ChildProcess", "FrameSink", "SpawnError"]
+
+KILL_AFTER_TERM = 2.0
+_LEVELS = ("debug", "info", "warning", "error", "critical")
+_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
+
+log = get_logger("supervisor")
+
+
+class SpawnError(Exception):
+    """A child that did not become Ready (refused the spawn, died, or timed out)."""
+
+
+class ChildProcess:
+    """A started ``python -m agentd.child`` and its control channel: the OS-level half of a child."""
+
+    def __init__(self, child_id: str, process: Process, channel: FrameChannel) -> None:
+        self.child_id = child_id
+        self.process = process
+        self.channel = channel
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        return self.process.pid
+
+    @classmethod
+    async def start(
+        cls, child_id: str, *, env: Mapping[str, str] | None = None, python: str = sys.executable
+    ) -> ChildProcess:
+        """Start a child with the channel on an inherited fd; ``-P`` keeps the working directory off ``sys.path``."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            process = await anyio.open_process(
+                [python, "-P", "-m", "agentd.child", "--fd", str(theirs.fileno()), "--parent-pid", str(os.getpid())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=[theirs.fileno()],
+                env=dict(env) if env is not None else None,
+                # Its own session: a Ctrl-C at the terminal (or a signal to our process group) reaches
+                # only the supervisor, which then drains and stops children itself. Children still
+                # die with the supervisor: parent-death signal and channel EOF.
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        channel = FrameChannel(await SocketStream.from_socket(ours))
+        return cls(child_id, process, channel)
+
+    async def handshake(self, spawn: Spawn, timeout: float) -> Ready:  # noqa: ASYNC109 - the spawn_timeout is the API
+        """Send Spawn and wait for Ready; SpawnError if refused, dead or late."""
+        await self.channel.send(spawn)
+        with anyio.move_on_after(timeout):
+            try:
+                frame = await self.channel.receive()
+            except ProtocolError as exc:
+                raise SpawnError(f"child {self.child_id}: {exc}") from None
+            if isinstance(frame, Ready):
+                if frame.protocol_version != spawn.protocol_version:
+                    raise SpawnError(
+                        f"child {self.child_id} speaks protocol version {frame.protocol_version}, "
+                        f"not {spawn.protocol_version}"
+                    )
+                return frame
+            if isinstance(frame, Failed):
+                raise SpawnError(f"child {self.child_id} refused the spawn: {frame.error}")
+            if frame is None:
+                raise SpawnError(f"child {self.child_id} exited before Ready")
+            raise SpawnError(f"child {self.child_id} sent {type(frame).__name__} before Ready")
+        raise SpawnError(f"child {self.child_id} was not Ready within {timeout:g}s")
+
+    async def pump_stderr(self, line_sink: Callable[[str], None]) -> None:
+        """Feed the child's stderr to ``line_sink`` line by line until it closes (keeps the pipe drained)."""
+        assert self.process.stderr is not None
+        async for chunk in TextReceiveStream(self.process.stderr):
+            for part in chunk.splitlines():
+                if part:
+                    line_sink(part)
+
+    async def send(self, frame: Frame) -> None:
+        """Send one frame (serialized with other senders by the channel)."""
+        await self.channel.send(frame)
+
+    async def receive(self) -> Frame | None:
+        """The next frame, or None at a clean end of stream."""
+        return await self.channel.receive()
+
+    def signal(self, signum: signal.Signals) -> None:
+        """Send a signal unless the process is already reaped."""
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signum)
+
+    async def stop(self, grace: float) -> int:
+        """The kill ladder: Shutdown{grace} → SIGTERM → SIGKILL → reap. Returns the exit code."""
+        with anyio.CancelScope(shield=True):
+            if self.process.returncode is None:
+                with contextlib.suppress(*_GONE):
+                    await self.channel.send(Shutdown(grace=grace))
+                with anyio.move_on_after(grace + 0.5):
+                    return await self._reap()
+                self.signal(signal.SIGTERM)
+                with anyio.move_on_after(KILL_AFTER_TERM):
+                    return await self._reap()
+                self.signal(signal.SIGKILL)
+            code = await self._reap()
+        return code
+
+    async def kill(self) -> int:
+        """SIGKILL and reap (for a child that broke the protocol or stopped answering)."""
+        with anyio.CancelScope(shield=True):
+            self.signal(signal.SIGKILL)
+            code = await self._reap()
+        return code
+
+    async def _reap(self) -> int:
+        code = await self.process.wait()
+        await self.channel.aclose()
+        return code
+
+
+class FrameSink(Protocol):
+    """Where a child's session frames go (the supervisor's turn runner)."""
+
+    async def session_frame(self, child: Child, frame: Frame) -> None:
+        """A frame about one session (Event, TurnDone, TurnDiscarded, SwapApplied, Failed with a session)."""
+
+    def swap_acked(self, child: Child, generation: int) -> None:
+        """The child acknowledged the SwapIntel of ``generation``."""
+
+
+class Child:
+    """One pooled child: its process, its role in the pool, and the sessions it hosts.
+
+    ``loaded`` are the sessions opened here; ``in_flight`` those with a turn running here. Both are
+    kept by the pool and the turn runner; this class only routes frames and keeps the child alive.
+    """
+
+    def __init__(self, child_id: str, role: ChildRole = ChildRole.STARTING) -> None:
+        self.id = child_id
+        self.role = role
+        self.process: ChildProcess | None = None
+        self.generation = 0  # the newest generation this child runs or has acknowledged
+        self.restarts = 0  # how many crashed children this one's place in the pool has seen
+        self.loaded: set[str] = set()
+        self.in_flight: set[str] = set()
+        self.ready = anyio.Event()
+        self.gone = anyio.Event()
+        self.exit_code: int | None = None
+        self._pong = anyio.Event()
+        self._stopping: float | None = None  # the grace of a requested stop
+
+    @property
+    def pid(self) -> int | None:
+        """The process id, once started."""
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def usable(self) -> bool:
+        """Ready, not gone and not being stopped: frames sent now will be read."""
+        return self.ready.is_set() and not self.gone.is_set() and self._stopping is None
+
+    def snapshot(self) -> ChildSnapshot:
+        """This child as the placement decisions see it."""
+        return ChildSnapshot(id=self.id, role=self.role, loaded=len(self.loaded), in_flight=len(self.in_flight))
+
+    async def run(
+        self,
+        spawn: Callable[[str], Spawn],
+        settings: Callable[[], SupervisorSettings],
+        env: Mapping[str, str],
+        sink: FrameSink,
+        on_ready: Callable[[Child], Awaitable[None]],
+    ) -> None:
+        """The child's whole life: start, handshake, then ping and route frames until it ends.
+
+        ``spawn`` builds the Spawn frame (always the newest generation); ``settings`` reads the
+        running ``[supervisor]`` section at each use, so a reload of the timings applies at once.
+        Returns when the process is gone (reaped); never raises for anything the child does.
+        """
+        try:
+            self.process = await ChildProcess.start(self.id, env=env)
+        except OSError as exc:
+            log.error("child.start_failed", child=self.id, error=str(exc))
+            self.gone.set()
+            return
+        process = self.process
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(process.pump_stderr, self._stderr_line)
+                if await self._handshake(process, spawn, settings().spawn_timeout):
+                    self.ready.set()
+                    log.info(events.LOG_CHILD_READY, child=self.id, pid=process.pid, generation=self.generation)
+                    await on_ready(self)
+                    tg.start_soon(self._ping_loop, process, settings)
+                    await self._read_frames(process, sink)
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                # A child still alive here broke the protocol, stopped answering or never became
+                # Ready; a requested stop already ran its ladder. Either way: reap, no zombie.
+                self.exit_code = await process.stop(grace=0)
+            log.info(events.LOG_CHILD_EXIT, child=self.id, pid=process.pid, code=self.exit_code)
+            self.gone.set()
+
+    async def _handshake(self, process: ChildProcess, spawn: Callable[[str], Spawn], limit: float) -> bool:
+        frame = spawn(self.id)
+        try:
+            await process.handshake(frame, limit)
+        except (SpawnError, *_GONE) as exc:
+            log.error("child.spawn_failed", child=self.id, pid=process.pid, error=str(exc))
+            return False
+        self.generation = frame.generation
+        return True
+
+    async def _ping_loop(self, process: ChildProcess, settings: Callable[[], SupervisorSettings]) -> None:
+        seq = 0
+        while True:
+            current = settings()
+            await anyio.sleep(current.ping_interval)
+            seq += 1
+            self._pong = anyio.Event()
+            if not await self.send(Ping(seq=seq)):
+                return
+            with anyio.move_on_after(current.ping_timeout):
+                await self._pong.wait()
+                continue
+            log.error("child.unresponsive", child=self.id, pid=process.pid, timeout=current.ping_timeout)
+            await process.stop(grace=0)  # the kill ladder: a hung child gets SIGTERM, then SIGKILL
+            return
+
+    async def _read_frames(self, process: ChildProcess, sink: FrameSink) -> None:
+        while True:
+            try:
+                frame = await process.receive()
+                if frame is None:
+                    return
+                await self._route(frame, sink)
+            except ProtocolError as exc:
+                log.error(events.LOG_PROTOCOL_ERROR, child=self.id, pid=process.pid, error=str(exc))
+                await process.kill()
+                return
+            except _GONE:
+                return
+
+    async def _route(self, frame: Frame, sink: FrameSink) -> None:
+        match frame:
+            case Pong():
+                self._pong.set()
+            case SwapAck(generation=generation):
+                self.generation = max(self.generation, generation)
+                sink.swap_acked(self, generation)
+            case Failed(session=None, error=error):
+                log.error("child.failed", child=self.id, pid=self.pid, error=error)
+            case Ready() | Spawn():
+                raise ProtocolError(f"unexpected frame {type(frame).__name__!r} from a running child")
+            case _ if getattr(frame, "session", None) is not None:
+                await sink.session_frame(self, frame)
+            case _:
+                raise ProtocolError(f"unexpected frame {type(frame).__name__!r} from child")
+
+    async def send(self, frame: Frame) -> bool:
+        """Send a frame; False when the child is gone (its sessions are then handled by the pool)."""
+        process = self.process
+        if process is None or self.gone.is_set():
+            return False
+        try:
+            await process.send(frame)
+        except _GONE:
+            return False
+        return True
+
+    async def stop(self, grace: float) -> None:
+        """Stop the child with the kill ladder (its running turns get ``grace`` to end) and wait until reaped."""
+        self._stopping = grace
+        if self.process is not None:
+            await self.process.stop(grace)
+        await self.gone.wait()
+
+    def signal(self, signum: signal.Signals) -> None:
+        """Send the process a signal (tests and the ladder)."""
+        if self.process is not None:
+            self.process.signal(signum)
+
+    def _stderr_line(self, line: str) -> None:
+        """Re-emit the child's structured log lines as our own; anything else as ``child.stderr``."""
+        try:
+            fields = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            fields = None
+        if isinstance(fields, dict) and isinstance(fields.get("event"), str):
+            level = str(fields.pop("level", "info"))
+            fields.pop("timestamp", None)
+            emit = getattr(log, level if level in _LEVELS else "info")
+            emit(fields.pop("event"), **{"child_" + k if k == "component" else k: v for k, v in fields.items()})
+            return
+        log.info(events.LOG_CHILD_STDERR, child=self.id, pid=self.pid, line=line[:4000])

@@ -1,0 +1,266 @@
+"""The pool of children: placement, growth, spares, idle unload and retirement.
+
+Sessions are rows; children are a pool of long-lived processes that host many sessions each. The
+pool decides nothing itself — ``agentd.supervisor.placement`` does, over snapshots of the children
+— it carries the decisions out: starts children, promotes spares, places sessions, unloads idle
+ones and retires surplus children. When a child ends, the pool tells its ``PoolOwner`` which
+sessions were loaded there and which had a turn in flight; what happens to them (re-run, blame,
+quarantine) is the owner's business (``agentd.supervisor.runner``). See RFC 0006.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import anyio
+import anyio.abc
+
+from agentd.config import SupervisorSettings
+from agentd.obs import get_logger
+from agentd.protocol import Close, Spawn
+from agentd.supervisor.child import Child, FrameSink
+from agentd.supervisor.placement import ChildRole, PoolSize, effective_children, place, plan_pool
+
+__all__ = ["Pool", "PoolOwner", "first_of", "pool_size"]
+
+log = get_logger("supervisor")
+
+SPAWN_BACKOFF_START = 0.5
+SPAWN_BACKOFF_MAX = 30.0
+IDLE_CHECK_MAX = 30.0
+
+
+class PoolOwner(FrameSink, Protocol):
+    """What the pool needs from the supervisor: frames, swaps for new children, and session facts."""
+
+    async def child_ready(self, child: Child) -> None:
+        """A child became Ready (send it the newest generation if it changed while it started)."""
+
+    async def child_lost(self, child: Child, loaded: set[str], in_flight: set[str], *, crashed: bool) -> None:
+        """A child ended: ``loaded`` sessions are no longer loaded; ``in_flight`` ones lost their turn."""
+
+    def idle_since(self, session_id: str) -> float | None:
+        """Monotonic time the session's last turn ended, or None while it has one in flight."""
+
+    def session_unloaded(self, session_id: str) -> None:
+        """The pool unloaded an idle session (sent ``Close``)."""
+
+
+def pool_size(settings: SupervisorSettings) -> PoolSize:
+    """The ``[supervisor]`` pool keys as the decisions take them (``children = 0`` resolved)."""
+    return PoolSize(
+        children=effective_children(settings.children),
+        sessions_per_child=settings.sessions_per_child,
+        max_children=settings.max_children,
+        spare_children=settings.spare_children,
+    )
+
+
+class Pool:
+    """Every child of the supervisor, and the sessions loaded on each."""
+
+    def __init__(
+        self,
+        *,
+        settings: Callable[[], SupervisorSettings],
+        spawn: Callable[[str], Spawn],
+        env: Callable[[], Mapping[str, str]],
+        owner: PoolOwner,
+    ) -> None:
+        self._settings = settings
+        self._spawn = spawn
+        self._env = env
+        self._owner = owner
+        self.children: dict[str, Child] = {}
+        self.crashes = 0  # children that ended without being asked to
+        self._replacing: list[int] = []  # restart counts carried to the children that replace crashed ones
+        self._ids = itertools.count(1)
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._changed = anyio.Event()  # wakes the maintenance loop
+        self._room = anyio.Event()  # wakes placements waiting for room
+        self._spawn_failures = 0
+        self._stopping = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep the pool at its planned size and unload idle sessions, until cancelled."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            while not self._stopping:
+                await self._maintain()
+                self._changed = anyio.Event()
+                with anyio.move_on_after(self._idle_check_interval()):
+                    await self._changed.wait()
+            tg.cancel_scope.cancel()
+
+    def changed(self) -> None:
+        """Something the plan depends on changed (a child's load, the settings): re-plan soon."""
+        self._changed.set()
+        self._room.set()
+        self._room = anyio.Event()
+
+    async def stop(self, grace: float) -> None:
+        """Stop every child with the kill ladder (running turns get ``grace``), concurrently."""
+        self._stopping = True
+        self.changed()
+        async with anyio.create_task_group() as tg:
+            for child in list(self.children.values()):
+                tg.start_soon(child.stop, grace)
+
+    # ------------------------------------------------------------------ placement
+
+    async def acquire(self, session_id: str, *, quarantined: bool = False) -> Child | None:
+        """The child ``session_id`` is (or is now) loaded on, once Ready; None if the pool is stopping.
+
+        Sticky: a session already loaded stays where it is. The caller opens the session on a child
+        that did not host it (``Child.loaded`` is reserved here, synchronously, so concurrent
+        placements see the load at once).
+        """
+        while not self._stopping:
+            child = self.where(session_id)
+            if child is None:
+                child = await self._place(session_id, quarantined)
+                if child is None:
+                    continue
+            await first_of(child.ready, child.gone)
+            if child.usable:
+                return child
+            child.loaded.discard(session_id)
+        return None
+
+    def where(self, session_id: str) -> Child | None:
+        """The live child the session is loaded on, if any."""
+        for child in self.children.values():
+            if session_id in child.loaded and not child.gone.is_set():
+                return child
+        return None
+
+    async def _place(self, session_id: str, quarantined: bool) -> Child | None:
+        snapshots = [c.snapshot() for c in self.children.values() if not c.gone.is_set()]
+        verdict = place(snapshots, pool_size(self._settings()), quarantined=quarantined)
+        if verdict.child is not None:
+            child = self.children[verdict.child]
+        elif verdict.promote is not None:
+            child = self.children[verdict.promote]
+            child.role = ChildRole.ACTIVE
+            self.changed()  # a spare was used: start a new one
+        elif verdict.spawn:
+            await self._spawn_backoff()
+            if self._stopping:
+                return None
+            child = self._start(ChildRole.QUARANTINE if quarantined else ChildRole.ACTIVE)
+        else:
+            room = self._room
+            await room.wait()  # every child is full and the pool is at max_children
+            return None
+        child.loaded.add(session_id)
+        return child
+
+    def unload(self, session_id: str) -> None:
+        """Forget where a session is loaded (its child is told ``Close`` if it is still up)."""
+        child = self.where(session_id)
+        if child is None:
+            return
+        child.loaded.discard(session_id)
+        if child.usable and self._tg is not None:
+            self._tg.start_soon(child.send, Close(session=session_id))
+        self.changed()
+
+    # ------------------------------------------------------------------ children
+
+    def _start(self, role: ChildRole) -> Child:
+        assert self._tg is not None, "the pool is not running"
+        child = Child(f"c{next(self._ids)}", role)
+        child.restarts = self._replacing.pop(0) if self._replacing else 0
+        self.children[child.id] = child
+        self._tg.start_soon(self._run_child, child)
+        return child
+
+    async def _run_child(self, child: Child) -> None:
+        try:
+            await child.run(self._spawn, self._settings, self._env(), self._owner, self._on_ready)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_gone(child)
+
+    async def _on_ready(self, child: Child) -> None:
+        self._spawn_failures = 0
+        if child.role is ChildRole.STARTING:
+            child.role = ChildRole.SPARE
+        await self._owner.child_ready(child)
+        self.changed()
+
+    async def _on_gone(self, child: Child) -> None:
+        self.children.pop(child.id, None)
+        crashed = child._stopping is None and not self._stopping
+        if not child.ready.is_set():
+            self._spawn_failures += 1
+        elif crashed:
+            self.crashes += 1
+            self._replacing.append(child.restarts + 1)
+        loaded, in_flight = set(child.loaded), set(child.in_flight)
+        child.loaded.clear()
+        child.in_flight.clear()
+        self.changed()
+        if loaded or in_flight:
+            await self._owner.child_lost(child, loaded, in_flight, crashed=crashed)
+
+    async def _spawn_backoff(self) -> None:
+        """Children that keep failing to start are retried with backoff (0.5 s doubling to 30 s)."""
+        if self._spawn_failures:
+            delay = min(SPAWN_BACKOFF_START * 2 ** (self._spawn_failures - 1), SPAWN_BACKOFF_MAX)
+            await anyio.sleep(delay * random.uniform(0.5, 1.0))
+
+    async def _maintain(self) -> None:
+        """One pass: carry out the plan, then unload sessions idle for longer than ``idle_unload``."""
+        live = [c for c in self.children.values() if not c.gone.is_set()]
+        plan = plan_pool([c.snapshot() for c in live], pool_size(self._settings()))
+        for child_id in plan.promote:
+            self.children[child_id].role = ChildRole.ACTIVE
+        for child_id in plan.drain:
+            self.children[child_id].role = ChildRole.DRAINING
+        for child_id in plan.retire:
+            child = self.children[child_id]
+            child.role = ChildRole.DRAINING
+            assert self._tg is not None
+            self._tg.start_soon(child.stop, self._settings().stop_grace)
+        if plan.spawn:
+            await self._spawn_backoff()
+            for _ in range(plan.spawn):
+                if not self._stopping:
+                    self._start(ChildRole.STARTING)
+        self._unload_idle()
+
+    def _unload_idle(self) -> None:
+        idle_unload = self._settings().idle_unload
+        now = time.monotonic()
+        for child in list(self.children.values()):
+            draining = child.role is ChildRole.DRAINING
+            for session_id in list(child.loaded):
+                since = self._owner.idle_since(session_id)
+                if since is not None and (draining or now - since >= idle_unload):
+                    self.unload(session_id)
+                    self._owner.session_unloaded(session_id)
+
+    def _idle_check_interval(self) -> float:
+        idle_unload = self._settings().idle_unload
+        return max(0.05, min(IDLE_CHECK_MAX, idle_unload / 4 if math.isfinite(idle_unload) else IDLE_CHECK_MAX))
+
+
+async def first_of(*waitables: anyio.Event) -> None:
+    """Wait until any of the events is set."""
+    async with anyio.create_task_group() as tg:
+        for event in waitables:
+
+            async def wait(event: anyio.Event = event) -> None:
+                await event.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(wait)

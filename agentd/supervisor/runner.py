@@ -1,0 +1,389 @@
+"""The turn runner: every accepted turn from delivery to commit, across children that come and go.
+
+A turn is accepted by the supervisor (its input stored), then driven here: the pool gives the
+session a child (loading it there from the committed transcript if it was not), the child gets
+``Input``, and the turn ends when its ``TurnDone`` is committed — or without a result (deadline,
+cancel, close, failure), which is recorded as such. A child that dies takes its in-flight turns
+with it; each re-runs on another child from the committed transcript, unless the blame rules or
+the deadline say otherwise (``agentd.supervisor.blame``). The runner is also the pool's owner:
+frames from children come here, routed by session id. See RFC 0006.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Protocol
+
+import anyio
+import anyio.abc
+
+from agentd import events
+from agentd.budget import TurnStatus
+from agentd.config import Config
+from agentd.messages import UserMessage
+from agentd.obs import Metrics, get_logger
+from agentd.protocol import (
+    Cancel,
+    Event,
+    Failed,
+    Frame,
+    Input,
+    Open,
+    ProtocolError,
+    SwapApplied,
+    SwapIntel,
+    TurnDiscarded,
+    TurnDone,
+    encode_frame,
+)
+from agentd.records import TurnRecord
+from agentd.store import Store, StoreError
+from agentd.supervisor.blame import CrashVerdict, blame
+from agentd.supervisor.child import Child
+from agentd.supervisor.pool import Pool, first_of
+from agentd.supervisor.session import PendingTurn, SessionRuntime
+from agentd.views import entry_from_message, turn_done_event
+
+__all__ = ["DEADLINE_GRACE", "Generation", "TurnRunner"]
+
+log = get_logger("supervisor")
+
+#: How long past a turn's deadline the supervisor waits for the child's own answer before it ends
+#: the turn ``deadline`` itself (a child whose loop is blocked cannot answer).
+DEADLINE_GRACE = 5.0
+SHUTDOWN_CUT = "agentd is shutting down; the turn was not finished and re-runs at the next start"
+
+
+class Generation(Protocol):
+    """The running config generation, as the runner needs it."""
+
+    @property
+    def generation(self) -> int:
+        """The running generation number."""
+
+    @property
+    def config(self) -> Config:
+        """The running config."""
+
+    def swap_frame(self) -> SwapIntel:
+        """The SwapIntel describing the running generation."""
+
+    def model_of(self, assistant: str, fallback: str) -> str:
+        """The running model of ``assistant`` (``fallback`` if the config no longer has it)."""
+
+
+class TurnRunner:
+    """Drives turns on the pool and handles what children send about their sessions."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        metrics: Metrics,
+        running: Generation,
+        sessions: MutableMapping[str, SessionRuntime],
+        on_swap_acked: Callable[[Child, int], None],
+        on_turn_finished: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.running = running
+        self.sessions = sessions  # the hot sessions, by id (shared with the supervisor)
+        self.pool: Pool | None = None
+        self._on_swap_acked = on_swap_acked
+        self._on_turn_finished = on_turn_finished
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    def attach(self, pool: Pool, tg: anyio.abc.TaskGroup) -> None:
+        """Start serving: turns are driven as tasks of ``tg``, on ``pool``."""
+        self.pool, self._tg = pool, tg
+
+    # ------------------------------------------------------------------ driving a turn
+
+    def start(self, runtime: SessionRuntime, turn: PendingTurn) -> None:
+        """Drive ``turn`` (already stored and reserved as ``runtime.pending``) in the background."""
+        assert self._tg is not None, "the runner is not attached"
+        self._tg.start_soon(self.drive, runtime, turn)
+
+    async def drive(self, runtime: SessionRuntime, turn: PendingTurn) -> None:
+        """Deliver the turn until it ends. A bug here fails the turn, never the daemon or other turns."""
+        try:
+            await self._deliver_until_done(runtime, turn)
+        except Exception as exc:
+            log.exception("turn.internal_error", session=runtime.id, turn=turn.id)
+            with anyio.CancelScope(shield=True):
+                await self.end_without_result(runtime, turn, TurnStatus.FAILED, f"internal error: {exc!r}")
+
+    async def _deliver_until_done(self, runtime: SessionRuntime, turn: PendingTurn) -> None:
+        assert self.pool is not None
+        while not turn.done.is_set():
+            deadline = self.running.config.limits.deadline
+            if turn.runs and time.time() >= turn.started_at + deadline:
+                await self.end_without_result(
+                    runtime, turn, TurnStatus.DEADLINE, "the turn's deadline passed while its child was replaced"
+                )
+                return
+            child = await self.pool.acquire(runtime.id, quarantined=runtime.quarantined)
+            if turn.done.is_set():
+                return
+            if child is None:  # the daemon is stopping: the turn stays stored and re-runs at the next start
+                turn.cut = SHUTDOWN_CUT
+                turn.done.set()
+                return
+            if runtime.child is not child and not await self._open(runtime, child, turn):
+                continue
+            await self._run_on(runtime, turn, child)
+            if turn.done.is_set():
+                return
+            if turn.crashed and not await self._blame_crash(runtime, turn):
+                return
+
+    async def _run_on(self, runtime: SessionRuntime, turn: PendingTurn, child: Child) -> None:
+        """Send the turn to ``child`` and wait until it ends there, the child goes, or the deadline passes."""
+        turn.child, turn.lost, turn.crashed = child, anyio.Event(), False
+        turn.runs += 1
+        child.in_flight.add(runtime.id)
+        try:
+            if turn.runs > 1:
+                self.metrics.turn_reruns.inc()
+                log.info("turn.rerun", session=runtime.id, turn=turn.id, child=child.id, run=turn.runs)
+            frame = Input(session=runtime.id, turn=turn.id, message=turn.message, started_at=turn.budget_start)
+            if await child.send(frame) and turn.cancel_requested:
+                await child.send(Cancel(session=runtime.id, turn=turn.id))
+            while not (turn.done.is_set() or turn.lost.is_set()):
+                remaining = turn.budget_start + self.running.config.limits.deadline + DEADLINE_GRACE - time.time()
+                if remaining <= 0:
+                    await child.send(Cancel(session=runtime.id, turn=turn.id))
+                    await self.end_without_result(
+                        runtime, turn, TurnStatus.DEADLINE, "the child did not end the turn by its deadline"
+                    )
+                    return
+                with anyio.move_on_after(remaining):
+                    await first_of(turn.done, turn.lost)
+        finally:
+            child.in_flight.discard(runtime.id)
+            if turn.child is child:
+                turn.child = None
+            self._changed()
+
+    async def _open(self, runtime: SessionRuntime, child: Child, turn: PendingTurn) -> bool:
+        """Load the session on ``child`` from its committed transcript (the turn's own input left out)."""
+        transcript = await self.store.transcript(runtime.id, exclude_turn=turn.id)
+        frame = Open(session=runtime.id, assistant=runtime.assistant, transcript=transcript)
+        try:
+            encode_frame(frame)
+        except ProtocolError as exc:
+            await self.end_without_result(runtime, turn, TurnStatus.FAILED, f"cannot load the session: {exc}")
+            return False
+        if not await child.send(frame):
+            return False
+        runtime.child = child
+        self.metrics.session_loads.inc()
+        log.info(events.LOG_SESSION_LOADED, session=runtime.id, child=child.id, pid=child.pid, entries=len(transcript))
+        # A session loaded now runs the child's generation, the newest: it takes any swap it
+        # missed while not loaded at once (it was idle).
+        generation, model = self.running.generation, self.running.model_of(runtime.assistant, runtime.model)
+        if (runtime.generation, runtime.model) != (generation, model):
+            runtime.generation, runtime.model = generation, model
+            await self._store_quietly(
+                self.store.update_session(runtime.id, generation=generation, model=model), runtime.id
+            )
+        return True
+
+    async def _blame_crash(self, runtime: SessionRuntime, turn: PendingTurn) -> bool:
+        """Count the crash against the session; False when it is now failed (its turn ended)."""
+        verdict = blame(runtime.crashes, time.monotonic())
+        runtime.crashes = verdict.crashes
+        if verdict.verdict is CrashVerdict.FAIL:
+            await self.fail(runtime, f"its turn was in flight during {len(verdict.crashes)} child crashes within 60s")
+            return False
+        if verdict.verdict is CrashVerdict.QUARANTINE and not runtime.quarantined:
+            runtime.quarantined = True
+            log.warning(events.LOG_SESSION_QUARANTINED, session=runtime.id, turn=turn.id, crashes=len(verdict.crashes))
+        return True
+
+    # ------------------------------------------------------------------ ending a turn
+
+    async def end_without_result(
+        self, runtime: SessionRuntime, turn: PendingTurn, status: TurnStatus, error: str
+    ) -> None:
+        """End ``turn`` with no result from a child; its user message stays in the transcript."""
+        if turn.done.is_set() or runtime.pending is not turn:
+            return
+        now = time.time()
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.store.abandon_turn(runtime.id, turn.id, status=status.value, error=error, ended_at=now)
+            except StoreError as exc:  # e.g. its results were committed meanwhile: nothing to abandon
+                log.warning("turn.abandon_failed", session=runtime.id, turn=turn.id, error=str(exc))
+        record = TurnRecord(id=turn.id, status=status, started_at=turn.started_at, ended_at=now, error=error)
+        self._finish(runtime, turn, record)
+
+    async def fail(self, runtime: SessionRuntime, error: str) -> None:
+        """Mark the session failed (kept, visible, resumable by a new message); its turn ends failed."""
+        runtime.state = "failed"
+        log.error("session.failed", session=runtime.id, error=error)
+        runtime.publish(events.SESSION_FAILED, runtime.pending.id if runtime.pending else None, {"error": error})
+        if runtime.pending is not None:
+            await self.end_without_result(runtime, runtime.pending, TurnStatus.FAILED, error)
+        await self._store_quietly(self.store.update_session(runtime.id, state="failed"), runtime.id)
+
+    def _finish(self, runtime: SessionRuntime, turn: PendingTurn, record: TurnRecord) -> None:
+        runtime.pending = None
+        runtime.intel_waiting = False
+        runtime.idle_since = time.monotonic()
+        if runtime.state != "failed":
+            runtime.state = "idle"
+        turn.record = record
+        self.metrics.turns.labels(status=record.status.value).inc()
+        self.metrics.turn_seconds.observe(max(0.0, record.ended_at - record.started_at))
+        log.info(
+            events.LOG_TURN_DONE,
+            session=runtime.id,
+            turn=record.id,
+            status=record.status.value,
+            models=list(record.models),
+            restarts=record.restarts,
+            steps=record.steps,
+        )
+        if runtime.watched:
+            runtime.publish(events.TURN_DONE, record.id, turn_done_event(record, turn.entries))
+        turn.done.set()
+        self._on_turn_finished()
+        self._evict_if_cold(runtime)
+
+    # ------------------------------------------------------------------ frames from children
+
+    async def session_frame(self, child: Child, frame: Frame) -> None:
+        """A frame about one session, from ``child``."""
+        session_id = getattr(frame, "session", None)
+        runtime = self.sessions.get(session_id) if isinstance(session_id, str) else None
+        if runtime is None:
+            log.debug("child.frame_for_unknown_session", child=child.id, session=session_id, frame=type(frame).__name__)
+            return
+        match frame:
+            case Event(name=name, turn=turn, data=data):
+                if name in (events.INTEL_WAITING, events.INTEL_RECOVERED):
+                    runtime.intel_waiting = name == events.INTEL_WAITING
+                runtime.publish(name, turn, data)
+            case TurnDone():
+                assert self._tg is not None
+                # Committed in a task of its own: this child's other sessions keep streaming meanwhile.
+                self._tg.start_soon(self._on_turn_done, runtime, child, frame)
+            case TurnDiscarded(turn=turn, attempt=attempt):
+                log.info(
+                    events.LOG_TURN_DISCARDED, session=runtime.id, turn=turn, model=attempt.model, steps=attempt.steps
+                )
+                if runtime.pending is not None and runtime.pending.id == turn:
+                    runtime.pending.budget_start = time.time()  # restart-turn re-runs with a fresh budget
+            case SwapApplied():
+                runtime.generation, runtime.model = frame.generation, frame.model_to
+                self.metrics.swaps.labels(kind=frame.kind.value).inc()
+                await self._store_quietly(
+                    self.store.update_session(runtime.id, generation=frame.generation, model=frame.model_to),
+                    runtime.id,
+                )
+            case Failed(turn=turn, error=error):
+                log.error("child.failed", child=child.id, session=runtime.id, turn=turn, error=error)
+                pending = runtime.pending
+                if pending is not None and (turn is None or pending.id == turn) and pending.child is child:
+                    await self.end_without_result(runtime, pending, TurnStatus.FAILED, error)
+            case _:
+                raise ProtocolError(f"unexpected frame {type(frame).__name__!r} from child")
+
+    async def _on_turn_done(self, runtime: SessionRuntime, child: Child, done: TurnDone) -> None:
+        pending = runtime.pending
+        if pending is None or pending.id != done.record.id or done.session != runtime.id:
+            log.warning("turn.unexpected", session=runtime.id, turn=done.record.id, child=child.id)
+            return
+        with anyio.CancelScope(shield=True):  # a turn's results are committed whatever else happens
+            model = (
+                self.running.model_of(done.assistant, runtime.model) if done.assistant != runtime.assistant else None
+            )
+            try:
+                committed = await self.store.commit_turn(
+                    runtime.id,
+                    done.record,
+                    assistant=done.assistant,
+                    messages=done.messages,
+                    transcript=done.transcript,
+                    model=model,
+                )
+            except StoreError as exc:
+                log.error("turn.commit_failed", session=runtime.id, turn=done.record.id, error=str(exc))
+                await self.end_without_result(
+                    runtime, pending, TurnStatus.FAILED, f"the store could not commit the turn: {exc}"
+                )
+                return
+            added = done.transcript if done.transcript is not None else done.messages
+            pending.entries = [
+                entry_from_message(seq, message)
+                for seq, message in zip(committed.seqs, added, strict=True)
+                if done.transcript is None or (message.turn == done.record.id and not isinstance(message, UserMessage))
+            ]
+            if model is not None:  # a transfer: the session now runs on the destination's model
+                runtime.assistant, runtime.model = done.assistant, model
+            self._finish(runtime, pending, committed.record)
+
+    # ------------------------------------------------------------------ the pool's owner
+
+    async def child_ready(self, child: Child) -> None:
+        """A child that started while a reload landed gets the newest generation at once."""
+        if self.running.generation > child.generation:
+            await child.send(self.running.swap_frame())
+
+    async def child_lost(self, child: Child, loaded: set[str], in_flight: set[str], *, crashed: bool) -> None:
+        """``child`` ended: its sessions are no longer loaded; its in-flight turns re-run elsewhere."""
+        if crashed:
+            self.metrics.child_crashes.inc()
+        for session_id in loaded | in_flight:
+            runtime = self.sessions.get(session_id)
+            if runtime is None:
+                continue
+            if runtime.child is child:
+                runtime.child = None
+            pending = runtime.pending
+            if pending is not None and pending.child is child:
+                pending.crashed = crashed
+                pending.lost.set()
+            self._evict_if_cold(runtime)
+
+    def swap_acked(self, child: Child, generation: int) -> None:
+        """A child acknowledged a SwapIntel."""
+        self._on_swap_acked(child, generation)
+
+    def idle_since(self, session_id: str) -> float | None:
+        """When the session's last turn ended (monotonic), or None while one is in flight."""
+        runtime = self.sessions.get(session_id)
+        if runtime is None:
+            return 0.0  # not hot any more: unload it
+        return None if runtime.pending is not None else runtime.idle_since
+
+    def session_unloaded(self, session_id: str) -> None:
+        """The pool unloaded an idle session: it costs nothing until its next message."""
+        self.metrics.session_unloads.inc()
+        runtime = self.sessions.get(session_id)
+        log.info(events.LOG_SESSION_UNLOADED, session=session_id)
+        if runtime is not None:
+            runtime.child = None
+            self._evict_if_cold(runtime)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _evict_if_cold(self, runtime: SessionRuntime) -> None:
+        runtime.prune_subscribers()
+        if not runtime.hot and self.sessions.get(runtime.id) is runtime:
+            del self.sessions[runtime.id]
+
+    def _changed(self) -> None:
+        if self.pool is not None:
+            self.pool.changed()
+
+    async def _store_quietly(self, call: Awaitable[None], session_id: str) -> None:
+        """Await a store update whose failure must not end the caller (it is logged)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await call
+            except StoreError as exc:
+                log.error("session.store_failed", session=session_id, error=str(exc))
