@@ -24,6 +24,7 @@ from agentd.records import Discarded, TurnRecord
 
 __all__ = [
     "MAX_FRAME_BYTES",
+    "MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSION",
     "Cancel",
     "Close",
@@ -33,6 +34,7 @@ __all__ = [
     "FrameChannel",
     "Input",
     "Open",
+    "Part",
     "Ping",
     "Pong",
     "ProtocolError",
@@ -48,10 +50,15 @@ __all__ = [
     "TurnDone",
     "decode_payload",
     "encode_frame",
+    "encode_frames",
 ]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+#: The most one logical frame may hold once its parts are joined (a long conversation's ``Open``).
+MAX_MESSAGE_BYTES = 1024 * 1024 * 1024
+# Room for a Part's own msgpack keys around its data.
+_PART_OVERHEAD = 64
 _HEADER = struct.Struct(">I")
 
 
@@ -219,6 +226,17 @@ class SwapApplied(_Frame, frozen=True, tag="swap_applied", kw_only=True):
     turn: str | None = None
 
 
+class Part(_Frame, tag="part", frozen=True, kw_only=True):
+    """↔ One piece of a frame whose payload exceeds ``MAX_FRAME_BYTES``; ``last`` ends it.
+
+    The sender writes all parts of a frame back to back (under its send lock), so a receiver joins
+    consecutive parts and decodes the payload they form as one frame.
+    """
+
+    data: bytes
+    last: bool = False
+
+
 Frame = (
     Spawn
     | Ready
@@ -236,6 +254,7 @@ Frame = (
     | SwapIntel
     | SwapAck
     | SwapApplied
+    | Part
 )
 
 _encoder = msgspec.msgpack.Encoder()
@@ -248,6 +267,24 @@ def encode_frame(frame: Frame) -> bytes:
     if len(payload) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame {type(frame).__name__} is {len(payload)} bytes; the cap is {MAX_FRAME_BYTES}")
     return _HEADER.pack(len(payload)) + payload
+
+
+def encode_frames(frame: Frame) -> list[bytes]:
+    """``frame`` framed for the wire: one frame, or ``Part`` frames when its payload exceeds the cap.
+
+    ProtocolError when even the parts would exceed ``MAX_MESSAGE_BYTES``.
+    """
+    payload = _encoder.encode(frame)
+    if len(payload) <= MAX_FRAME_BYTES:
+        return [_HEADER.pack(len(payload)) + payload]
+    if len(payload) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"frame {type(frame).__name__} is {len(payload)} bytes; the cap is {MAX_MESSAGE_BYTES}")
+    step = MAX_FRAME_BYTES - _PART_OVERHEAD
+    view = memoryview(payload)
+    return [
+        encode_frame(Part(data=bytes(view[i : i + step]), last=i + step >= len(payload)))
+        for i in range(0, len(payload), step)
+    ]
 
 
 def decode_payload(payload: bytes) -> Frame:
@@ -276,12 +313,32 @@ class FrameChannel:
         self._send_lock = anyio.Lock()
 
     async def send(self, frame: Frame) -> None:
-        data = encode_frame(frame)
+        """Send one frame; a payload beyond ``MAX_FRAME_BYTES`` goes as consecutive ``Part`` frames."""
+        chunks = encode_frames(frame)
         async with self._send_lock:
-            await self._stream.send(data)
+            for chunk in chunks:
+                await self._stream.send(chunk)
 
     async def receive(self) -> Frame | None:
-        """The next frame; None at a clean end of stream. ProtocolError when truncated or invalid."""
+        """The next frame (parts joined); None at a clean end of stream. ProtocolError when truncated or invalid."""
+        frame = await self._receive_one()
+        if not isinstance(frame, Part):
+            return frame
+        parts, size = [frame.data], len(frame.data)
+        while not frame.last:
+            frame = await self._receive_one()
+            if not isinstance(frame, Part):
+                raise ProtocolError("a frame in parts was cut off by another frame or the end of the stream")
+            size += len(frame.data)
+            if size > MAX_MESSAGE_BYTES:
+                raise ProtocolError(f"a frame in parts exceeds the cap of {MAX_MESSAGE_BYTES} bytes")
+            parts.append(frame.data)
+        joined = decode_payload(b"".join(parts))
+        if isinstance(joined, Part):
+            raise ProtocolError("a frame in parts holds another part")
+        return joined
+
+    async def _receive_one(self) -> Frame | None:
         try:
             header = await self._receiver.receive_exactly(_HEADER.size)
         except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -18,12 +18,14 @@ import pytest
 
 from agentd.budget import TurnStatus
 from agentd.config import SwapPolicy, parse_config, quickstart_config
-from agentd.messages import AssistantMessage, ToolResult
+from agentd.messages import AssistantMessage, SystemMessage, ToolResult, UserMessage
 from agentd.protocol import (
+    MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     Cancel,
     Event,
     Failed,
+    Open,
     Ping,
     Pong,
     Spawn,
@@ -442,3 +444,15 @@ def test_child_exits_when_its_parent_dies(tmp_path: Path) -> None:
     gone_after = time.monotonic() - killed_at
     assert not _alive(child_pid)
     assert gone_after < 2.0, f"child outlived its parent by {gone_after:.2f}s"
+
+
+async def test_a_transcript_larger_than_one_frame_is_loaded_and_its_turn_runs(tmp_path: Path) -> None:
+    """A conversation that grew past 16 MiB is still loaded (in parts) and answered, also in parts."""
+    big = "y" * (MAX_FRAME_BYTES + 1_000_000)
+    history = [SystemMessage(content="s", name="main"), UserMessage(content=big, turn="t0")]
+    async with running_child(cfg(tools="[]"), tmp_path) as child:
+        await child.send(Open(session="s1", assistant="main", transcript=history))
+        await child.say(f"again: {big}", "t1")
+        done = await child.expect(TurnDone)
+        assert done.record.status is TurnStatus.COMPLETED
+        assert done.record.usage.input_tokens > 0 and done.messages[-1].content.endswith("y")  # type: ignore[union-attr]

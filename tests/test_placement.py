@@ -135,6 +135,17 @@ def test_a_draining_child_is_retired_once_empty() -> None:
     assert plan_pool(pool, SIZE).retire == ("d",)
 
 
+def test_an_empty_quarantine_child_is_retired() -> None:
+    pool = [
+        child("c1"),
+        child("c2"),
+        child("s1", ChildRole.SPARE),
+        child("q1", ChildRole.QUARANTINE),
+        child("q2", ChildRole.QUARANTINE, loaded=1),
+    ]
+    assert plan_pool(pool, SIZE).retire == ("q1",)
+
+
 def test_surplus_spares_are_retired() -> None:
     pool = [child("c1"), child("c2"), child("s1", ChildRole.SPARE), child("s2", ChildRole.SPARE)]
     assert plan_pool(pool, SIZE).retire == ("s2",)

@@ -39,6 +39,7 @@ from agentd.protocol import (
     FrameChannel,
     Input,
     Open,
+    Part,
     Ping,
     Pong,
     ProtocolError,
@@ -53,6 +54,7 @@ from agentd.protocol import (
     TurnDone,
     decode_payload,
     encode_frame,
+    encode_frames,
 )
 from agentd.records import Discarded, TurnRecord
 
@@ -174,6 +176,7 @@ def _samples() -> list[Any]:
             config=_SWAP_CONFIG,
         ),
         SwapAck(generation=4),
+        Part(data=b"\x00\x01 a slice of a payload", last=True),
         SwapApplied(
             session="s-1",
             generation=4,
@@ -188,6 +191,8 @@ def _samples() -> list[Any]:
 
 SAMPLES: list[Any] = _samples()
 SAMPLE_IDS = [tag_of(type(s)) for s in SAMPLES]
+# What a channel returns: every frame but a Part, which the channel joins into the frame it carries.
+STREAMED: list[Any] = [s for s in SAMPLES if not isinstance(s, Part)]
 
 
 def fixture_path(frame: Any) -> Path:
@@ -209,15 +214,17 @@ def test_golden_fixture(sample: Any) -> None:
         pytest.fail(f"missing golden fixture {path}; run with AGENTD_REGEN_FIXTURES=1 to create it")
     golden = path.read_bytes()
     assert encoded == golden, f"wire format of {type(sample).__name__} changed; see {path}"
+    assert decode_payload(golden[4:]) == sample
+    if isinstance(sample, Part):
+        return  # a channel joins parts into the frame they carry: tested below, under "frames in parts"
     decoded, end = _read([golden])
     assert (decoded, end) == ([sample], "eof")
     assert type(decoded[0]) is type(sample)
-    assert decode_payload(golden[4:]) == sample
 
 
 def test_every_frame_type_has_a_sample_and_a_fixture() -> None:
     """Adding a frame to the Frame union without a sample and a golden fixture fails here."""
-    assert len(FRAME_TYPES) == 16
+    assert len(FRAME_TYPES) == 17
     sampled = {type(s) for s in SAMPLES}
     missing_samples = [cls.__name__ for cls in FRAME_TYPES if cls not in sampled]
     assert not missing_samples, f"frame types without a golden sample: {missing_samples}"
@@ -392,7 +399,7 @@ def _read(chunks: Iterable[bytes]) -> tuple[list[Any], str]:
 
 
 def _stream() -> bytes:
-    return b"".join(encode_frame(s) for s in SAMPLES)
+    return b"".join(encode_frame(s) for s in STREAMED)
 
 
 def test_channel_reads_a_stream_split_at_every_byte_boundary() -> None:
@@ -401,14 +408,14 @@ def test_channel_reads_a_stream_split_at_every_byte_boundary() -> None:
     async def main() -> None:
         for cut in range(len(stream) + 1):
             channel = FrameChannel(_ChunkStream([stream[:cut], stream[cut:]]))
-            assert await _receive_all(channel) == (SAMPLES, "eof"), f"split at byte {cut}"
+            assert await _receive_all(channel) == (STREAMED, "eof"), f"split at byte {cut}"
 
     anyio.run(main)
 
 
 def test_channel_reads_a_stream_byte_by_byte() -> None:
     stream = _stream()
-    assert _read(stream[i : i + 1] for i in range(len(stream))) == (SAMPLES, "eof")
+    assert _read(stream[i : i + 1] for i in range(len(stream))) == (STREAMED, "eof")
 
 
 def test_channel_returns_each_frame_of_one_chunk() -> None:
@@ -481,7 +488,7 @@ def _inputs(draw: st.DrawFn) -> bytes:
         return draw(st.binary(max_size=512))
     if kind == "prefixed":
         return _prefixed(draw(st.binary(max_size=512)))
-    frame = encode_frame(draw(st.sampled_from(SAMPLES)))
+    frame = encode_frame(draw(st.sampled_from(STREAMED)))
     if kind == "truncated":
         return frame[: draw(st.integers(0, len(frame)))]
     out = bytearray(frame)
@@ -536,7 +543,7 @@ def test_fuzz_random_splits_yield_what_the_whole_blob_holds(data: st.DataObject)
 
 
 @_FUZZ
-@given(st.lists(st.sampled_from(SAMPLES), max_size=6), st.lists(st.integers(0, 10**6), max_size=8))
+@given(st.lists(st.sampled_from(STREAMED), max_size=6), st.lists(st.integers(0, 10**6), max_size=8))
 def test_valid_frames_in_any_split_come_back_exactly_then_eof(frames: list[Any], cuts: list[int]) -> None:
     blob = b"".join(encode_frame(frame) for frame in frames)
     assert _read(_split(blob, [c % (len(blob) + 1) for c in cuts])) == (frames, "eof")
@@ -569,12 +576,12 @@ async def test_channel_sends_frames_both_ways(socket_pair: tuple[socket.socket, 
                 for frame in frames:
                     await channel.send(frame)
 
-            tg.start_soon(send_all, supervisor, SAMPLES)
-            tg.start_soon(send_all, child, list(reversed(SAMPLES)))
-            at_child = [await child.receive() for _ in SAMPLES]
-            at_supervisor = [await supervisor.receive() for _ in SAMPLES]
-    assert at_child == SAMPLES
-    assert at_supervisor == list(reversed(SAMPLES))
+            tg.start_soon(send_all, supervisor, STREAMED)
+            tg.start_soon(send_all, child, list(reversed(STREAMED)))
+            at_child = [await child.receive() for _ in STREAMED]
+            at_supervisor = [await supervisor.receive() for _ in STREAMED]
+    assert at_child == STREAMED
+    assert at_supervisor == list(reversed(STREAMED))
     await supervisor.aclose()
     assert await child.receive() is None
     await child.aclose()
@@ -632,3 +639,51 @@ async def test_channel_oversize_header_fails_before_the_payload(
         await receiver.receive()
     await left_stream.aclose()
     await receiver.aclose()
+
+
+# --------------------------------------------------------------------------- frames in parts
+
+
+async def _over_socketpair(frames: list[Frame]) -> list[Frame | None]:
+    """Send ``frames`` through a real FrameChannel on a unix socketpair and read them back."""
+    import socket
+
+    from anyio.abc import SocketStream
+
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    sender = FrameChannel(await SocketStream.from_socket(left))
+    receiver = FrameChannel(await SocketStream.from_socket(right))
+    got: list[Frame | None] = []
+    async with anyio.create_task_group() as tg:
+
+        async def send_all() -> None:
+            for frame in frames:
+                await sender.send(frame)
+            await sender.aclose()
+
+        tg.start_soon(send_all)
+        while (frame := await receiver.receive()) is not None:
+            got.append(frame)
+    await receiver.aclose()
+    return got
+
+
+@pytest.mark.anyio
+async def test_a_frame_larger_than_the_cap_travels_in_parts_and_arrives_whole() -> None:
+    big = "x" * (MAX_FRAME_BYTES + 5_000_000)  # a conversation that grew past one frame
+    opened = Open(session="s", assistant="a", transcript=[UserMessage(content=big), UserMessage(content="end")])
+    assert len(encode_frames(opened)) == 2
+    frames = await _over_socketpair([Ping(seq=1), opened, Ping(seq=2)])
+    assert frames == [Ping(seq=1), opened, Ping(seq=2)]
+
+
+def test_only_an_oversize_payload_is_split() -> None:
+    assert encode_frames(Ping(seq=1)) == [encode_frame(Ping(seq=1))]
+
+
+@pytest.mark.anyio
+async def test_a_part_cut_off_by_another_frame_is_a_protocol_error() -> None:
+    stream = encode_frame(Part(data=b"half", last=False)) + encode_frame(Ping(seq=1))
+    channel = FrameChannel(_ChunkStream([stream]))
+    with pytest.raises(ProtocolError, match="cut off"):
+        await channel.receive()

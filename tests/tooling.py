@@ -8,6 +8,7 @@ a tool call in flight for as long as it needs.
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from agentd.tools import side_effect_free
@@ -38,3 +39,17 @@ def held(label: str = "") -> str:
 def held_pure(label: str = "") -> str:
     """Like ``held`` but declared free of side effects (restart-turn runs it again)."""
     return held(label)
+
+
+def kill_child(label: str = "") -> str:
+    """Kill the child process it runs in: a tool that crashes its host, every time."""
+    _log(f"kill_child {label}")
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+async def block_child(label: str = "") -> str:
+    """Block the child's event loop for good: a blocking sleep inside ``async def``."""
+    _log(f"block_child {label}")
+    time.sleep(3600)
+    return "unreachable"

@@ -136,7 +136,7 @@ def plan_pool(children: Sequence[ChildSnapshot], size: PoolSize) -> PoolPlan:
       reload lowered it) the least-loaded children are drained: they take nothing new, their idle
       sessions are unloaded, and they are retired once their turns have ended, so a shrink never
       cuts a turn.
-    - A draining child that is empty is retired.
+    - A draining or quarantine child that is empty is retired.
     """
     active = [c for c in children if c.role is ChildRole.ACTIVE]
     spares = sorted((c for c in children if c.role is ChildRole.SPARE), key=lambda c: c.id)
@@ -153,7 +153,13 @@ def plan_pool(children: Sequence[ChildSnapshot], size: PoolSize) -> PoolPlan:
     wanted_new = max(0, missing_active) + size.spare_children - len(spares) - starting
     spawn = max(0, min(wanted_new, cap - counted))
 
-    retire = [c.id for c in children if c.role is ChildRole.DRAINING and c.loaded == 0 and c.in_flight == 0]
+    # An empty draining child has nothing left to finish; an empty quarantine child has no one left
+    # to isolate (its session was unloaded, closed, or failed).
+    retire = [
+        c.id
+        for c in children
+        if c.role in (ChildRole.DRAINING, ChildRole.QUARANTINE) and c.loaded == 0 and c.in_flight == 0
+    ]
     surplus_spares = len(spares) - size.spare_children
     if surplus_spares > 0:
         retire += [c.id for c in spares[-surplus_spares:]]

@@ -35,7 +35,6 @@ from agentd.protocol import (
     SwapIntel,
     TurnDiscarded,
     TurnDone,
-    encode_frame,
 )
 from agentd.records import TurnRecord
 from agentd.store import Store, StoreError
@@ -172,11 +171,11 @@ class TurnRunner:
         transcript = await self.store.transcript(runtime.id, exclude_turn=turn.id)
         frame = Open(session=runtime.id, assistant=runtime.assistant, transcript=transcript)
         try:
-            encode_frame(frame)
+            sent = await child.send(frame)  # a transcript beyond one frame goes in parts
         except ProtocolError as exc:
             await self.end_without_result(runtime, turn, TurnStatus.FAILED, f"cannot load the session: {exc}")
             return False
-        if not await child.send(frame):
+        if not sent:
             return False
         runtime.child = child
         self.metrics.session_loads.inc()

@@ -1,0 +1,238 @@
+"""The pool end to end (RFC 0006): many sessions per child, swaps across the pool, sessions loaded
+and unloaded around reloads, crash containment, hung tools and stopped children.
+
+Every test starts the real ``agentd run`` and waits on events (SSE, log lines, the API), never on
+sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.child_harness import tool_log
+from tests.daemon_harness import Daemon, EventStream, running_daemon, wait_until
+
+pytestmark = pytest.mark.e2e
+
+ONE_CHILD = 'children = 1\nspare_children = 0\nspawn_timeout = "60s"'
+
+
+def pool_config(
+    tmp: Path, *, a_model: str = "a-old", supervisor: str = ONE_CHILD, top: str = "", more: str = ""
+) -> str:
+    """Assistants ``a`` and ``b`` on their own models, each model call held until its hold file exists."""
+    return f"""{top}
+[intelligence]
+provider = "scripted"
+model = "default-model"
+
+[supervisor]
+{supervisor}
+
+[[assistants]]
+name = "a"
+first_message_mode = "assistant-waits-for-user"
+intelligence = {{ model = "{a_model}", options = {{ hold_file = "{tmp / "hold-a"}" }} }}
+
+[[assistants]]
+name = "b"
+first_message_mode = "assistant-waits-for-user"
+intelligence = {{ model = "b-model", options = {{ hold_file = "{tmp / "hold-b"}" }} }}
+{more}
+"""
+
+
+def loaded_on(daemon: Daemon, session: str) -> int:
+    """The pid of the child ``session`` is loaded on (waits until it is loaded)."""
+    return int(wait_until(lambda: daemon.session(session)["child"], f"{session} to be loaded on a child"))
+
+
+def held_turns(daemon: Daemon, sessions: list[str], text: str = "work") -> dict[str, tuple[str, EventStream]]:
+    """Start a turn on each session and return once each model call is in flight: session → (turn, events)."""
+    started = {}
+    for session in sessions:
+        events = daemon.events(session)
+        turn_id = daemon.send(session, text, wait=False)["turn_id"]
+        events.wait("step.started", lambda d, t=turn_id: d["turn"] == t)
+        started[session] = (turn_id, events)
+    return started
+
+
+# --------------------------------------------------------------------------- swaps across the pool
+
+
+@pytest.mark.parametrize("policy", ["finish-on-old", "restart-turn"])
+def test_a_mid_turn_swap_on_a_shared_child_swaps_only_the_changed_assistants_sessions(
+    tmp_path: Path, policy: str
+) -> None:
+    top = f'model_swap = "{policy}"'
+    with running_daemon(tmp_path, pool_config(tmp_path, top=top)) as daemon:
+        a1, a2, b1 = daemon.new_session("a"), daemon.new_session("a"), daemon.new_session("b")
+        turns = held_turns(daemon, [a1, a2, b1])
+        assert len({loaded_on(daemon, s) for s in (a1, a2, b1)}) == 1, "one child hosts all three"
+
+        daemon.config_path.write_text(pool_config(tmp_path, a_model="a-new", top=top))
+        result = daemon.json("POST", "/v1/reload", status=200)
+        assert sorted(result["swapped_sessions"]) == sorted([a1, a2]) and result["swapped_total"] == 2
+        for session in (a1, a2):
+            turns[session][1].wait("swap.parked", lambda d: d["model_to"] == "a-new")
+        (tmp_path / "hold-a").touch()
+        (tmp_path / "hold-b").touch()
+        done = {s: turns[s][1].wait("turn.done", lambda d, t=turns[s][0]: d["turn"] == t) for s in turns}
+
+        for session in (a1, a2):
+            if policy == "finish-on-old":
+                assert done[session]["models"] == ["a-old"] and done[session]["restarts"] == 0
+            else:
+                assert done[session]["models"] == ["a-new"] and done[session]["restarts"] == 1
+                assert [d["model"] for d in done[session]["discarded"]] == ["a-old"]
+            assert daemon.send(session, "next")["turn"]["models"] == ["a-new"]
+            assert daemon.session(session)["generation"] == 2
+        assert done[b1]["models"] == ["b-model"] and done[b1]["restarts"] == 0
+        b_events = [name for name, data in turns[b1][1].seen if name.startswith("swap.")]
+        assert b_events == [], "another assistant's change leaves the session alone"
+        assert daemon.session(b1)["model"] == "b-model"
+
+
+def test_a_swap_while_a_session_is_being_loaded_reaches_it(tmp_path: Path) -> None:
+    gate = tmp_path / "import.gate"
+    (tmp_path / "hold-a").touch()
+    more = 'tools = ["tests.slow_import_tool:ping"]'
+    text = pool_config(tmp_path).replace('name = "b"\n', f'name = "b"\n{more}\n')
+    with running_daemon(tmp_path, text, env={"AGENTD_TEST_IMPORT_GATE": str(gate)}) as daemon:
+        # The only child is held in its start-up (it imports b's tool), so the session waits to be loaded.
+        session = daemon.new_session("a")
+        turn_id = daemon.send(session, "hello", wait=False)["turn_id"]
+        assert daemon.session(session)["child"] is None
+        daemon.config_path.write_text(
+            pool_config(tmp_path, a_model="a-new").replace('name = "b"\n', f'name = "b"\n{more}\n')
+        )
+        assert daemon.json("POST", "/v1/reload", status=200)["generation"] == 2
+        gate.touch()
+        turn = daemon.turn(session, turn_id)
+        assert turn["status"] == "completed" and turn["models"] == ["a-new"]
+        assert daemon.session(session)["generation"] == 2
+
+
+def test_a_session_unloaded_across_two_reloads_loads_on_the_newest(tmp_path: Path) -> None:
+    (tmp_path / "hold-a").touch()
+    supervisor = ONE_CHILD + '\nidle_unload = "300ms"'
+    with running_daemon(tmp_path, pool_config(tmp_path, supervisor=supervisor)) as daemon:
+        session = daemon.new_session("a")
+        assert daemon.send(session, "one")["turn"]["models"] == ["a-old"]
+        daemon.wait_log("session.unloaded", lambda d: d["session"] == session)
+        assert daemon.session(session)["child"] is None
+        assert daemon.status()["sessions"]["loaded"] == 0
+
+        for generation, model in ((2, "a-new"), (3, "a-newer")):
+            daemon.config_path.write_text(pool_config(tmp_path, a_model=model, supervisor=supervisor))
+            result = daemon.json("POST", "/v1/reload", status=200)
+            assert result["generation"] == generation and result["swapped_total"] == 1
+            # Not loaded, so idle: it takes the swap at once, without a process.
+            view = daemon.session(session)
+            assert (view["generation"], view["model"], view["child"]) == (generation, model, None)
+
+        reply = daemon.send(session, "two")
+        assert reply["turn"]["models"] == ["a-newer"]
+        assert reply["messages"][-1]["content"] == "[a-newer] You said: two"
+        assert daemon.session(session)["generation"] == 3
+        loads = [e for e in daemon.log_events("session.loaded") if e["session"] == session]
+        assert len(loads) == 2
+        metrics = daemon.api("GET", "/metrics").text
+        assert "agentd_session_loads_total 2.0" in metrics and "agentd_session_unloads_total" in metrics
+
+
+def test_one_session_per_child_gives_each_loaded_session_its_own_process(tmp_path: Path) -> None:
+    for hold in ("hold-a", "hold-b"):
+        (tmp_path / hold).touch()
+    supervisor = "children = 2\nsessions_per_child = 1\nspare_children = 1"
+    with running_daemon(tmp_path, pool_config(tmp_path, supervisor=supervisor)) as daemon:
+        sessions = [daemon.new_session("a") for _ in range(3)]
+        for session in sessions:
+            assert daemon.send(session, "hi")["turn"]["status"] == "completed"
+        pids = [loaded_on(daemon, s) for s in sessions]
+        assert len(set(pids)) == 3
+        assert all(c["sessions"] <= 1 for c in daemon.status()["children"])
+
+
+# --------------------------------------------------------------------------- crash containment
+
+
+def test_a_session_whose_tool_kills_its_child_never_fails_its_bystanders(tmp_path: Path) -> None:
+    killer = """
+[[assistants]]
+name = "killer"
+first_message_mode = "assistant-waits-for-user"
+tools = ["tests.tooling:kill_child"]
+"""
+    supervisor = 'children = 1\nspare_children = 1\nspawn_timeout = "60s"'
+    with running_daemon(tmp_path, pool_config(tmp_path, supervisor=supervisor, more=killer)) as daemon:
+        bystanders = [daemon.new_session("a") for _ in range(4)]
+        turns = held_turns(daemon, bystanders)
+        culprit = daemon.new_session("killer")
+
+        result = daemon.send(culprit, "please kill_child")
+        assert result["turn"]["status"] == "failed"
+        assert "crashes" in result["turn"]["error"]
+        assert daemon.session(culprit)["state"] == "failed"
+        # Bounded: quarantined after 2 crashes, failed after more than 5 — never an endless cycle.
+        assert sum(line.startswith("kill_child") for line in tool_log(tmp_path)) == 6
+        assert daemon.log_events("session.quarantined")
+
+        (tmp_path / "hold-a").touch()
+        for session in bystanders:
+            turn_id, events = turns[session]
+            done = events.wait("turn.done", lambda d, t=turn_id: d["turn"] == t)
+            assert done["status"] == "completed", done
+            assert daemon.session(session)["state"] == "idle"
+            assert daemon.send(session, "and again")["turn"]["status"] == "completed"
+        # The failed session is kept and resumable by a new message.
+        assert daemon.send(culprit, "hello")["turn"]["status"] == "completed"
+        assert daemon.session(culprit)["state"] == "idle"
+
+
+def test_a_tool_that_blocks_its_child_ends_the_turn_at_its_deadline(tmp_path: Path) -> None:
+    (tmp_path / "hold-a").touch()
+    blocker = """
+[[assistants]]
+name = "blocker"
+first_message_mode = "assistant-waits-for-user"
+tools = ["tests.tooling:block_child"]
+"""
+    supervisor = 'children = 1\nspare_children = 1\nping_interval = "200ms"\nping_timeout = "1s"'
+    limits = '[limits]\ndeadline = "4s"\n'
+    with running_daemon(tmp_path, pool_config(tmp_path, supervisor=supervisor, top=limits, more=blocker)) as daemon:
+        other = daemon.new_session("a")
+        session = daemon.new_session("blocker")
+        result = daemon.send(session, "please block_child")
+        assert result["turn"]["status"] == "deadline", result["turn"]
+        assert daemon.session(session)["state"] == "idle"
+        # Every blocked child was killed by the ladder and reaped; the session and the others go on.
+        assert daemon.log_events("child.unresponsive")
+        assert daemon.send(other, "fine?")["turn"]["status"] == "completed"
+        assert daemon.send(session, "hello")["turn"]["status"] == "completed"
+
+
+def test_a_stopped_child_is_killed_and_its_turn_reruns_elsewhere(tmp_path: Path) -> None:
+    supervisor = 'children = 1\nspare_children = 1\nping_interval = "200ms"\nping_timeout = "1s"'
+    with running_daemon(tmp_path, pool_config(tmp_path, supervisor=supervisor)) as daemon:
+        session = daemon.new_session("a")
+        turn_id, events = held_turns(daemon, [session])[session]
+        pid = loaded_on(daemon, session)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            daemon.wait_log("child.unresponsive", lambda d: d["pid"] == pid)
+            events.wait("step.started", lambda d: d["turn"] == turn_id)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # never leave a stopped process behind
+                os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: daemon.session(session)["child"] not in (None, pid), "the turn to re-run elsewhere")
+        (tmp_path / "hold-a").touch()
+        done = events.wait("turn.done", lambda d: d["turn"] == turn_id)
+        assert done["status"] == "completed"
+        assert len([e for e in daemon.entries(session, turn_id) if e["role"] == "user"]) == 1
