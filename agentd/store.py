@@ -29,7 +29,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, get_args
+from typing import Any, Generic, TypeVar, get_args
 
 import anyio
 import msgspec
@@ -197,6 +197,8 @@ class Store:
         self._conn: sqlite3.Connection | None = conn
         self._path = path
         self._limiter = anyio.CapacityLimiter(1)
+        self._batch_lock = anyio.Lock()
+        self._queued: list[_Write[Any]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -551,8 +553,29 @@ class Store:
         return await anyio.to_thread.run_sync(call, limiter=self._limiter)
 
     async def _write(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in one write transaction: committed if it returns, rolled back if it raises."""
-        return await self._run(what, lambda conn: _transaction(conn, fn, "BEGIN IMMEDIATE"))
+        """Run ``fn`` in a write transaction: its writes are committed if it returns, undone if it raises.
+
+        Group commit: writes that arrive while another batch is being written wait for it and then
+        go together, in one transaction (one fsync), each inside a savepoint of its own, so one that
+        fails leaves nothing behind and does not affect the others. A caller is answered only once
+        its batch is durable.
+        """
+        if self._conn is None:
+            raise StoreError(f"{what}: the store is closed")
+        write: _Write[T] = _Write(what, fn)
+        self._queued.append(write)
+        async with self._batch_lock:
+            if not write.done:  # not yet taken by the batch before ours
+                batch, self._queued = self._queued, []
+                try:
+                    await self._run("write", lambda conn: _write_batch(conn, batch))
+                except StoreError as exc:  # e.g. the store was closed meanwhile: nothing of the batch ran
+                    for queued in batch:
+                        if not queued.done:
+                            queued.error, queued.done = StoreError(f"{queued.what}: {exc}"), True
+        if write.error is not None:
+            raise write.error
+        return write.result  # type: ignore[return-value]  # set whenever error is None
 
     async def _read(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` in one read transaction (a consistent snapshot)."""
@@ -606,6 +629,47 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
             conn.execute(f"PRAGMA user_version = {int(version)}")
 
         _transaction(conn, step, "BEGIN IMMEDIATE")
+
+
+class _Write(Generic[T]):
+    """One queued write of a group commit, and its outcome."""
+
+    __slots__ = ("done", "error", "fn", "result", "what")
+
+    def __init__(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> None:
+        self.what, self.fn = what, fn
+        self.done = False
+        self.result: T | None = None
+        self.error: StoreError | None = None
+
+
+def _write_batch(conn: sqlite3.Connection, batch: list[_Write[Any]]) -> None:
+    """Run every write of ``batch`` in one transaction, each in its own savepoint. Runs in the worker thread."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for write in batch:
+            conn.execute("SAVEPOINT one_write")
+            try:
+                write.result = write.fn(conn)
+            except (StoreError, sqlite3.Error, msgspec.MsgspecError) as exc:
+                conn.execute("ROLLBACK TO one_write")
+                write.error = (
+                    exc if isinstance(exc, StoreError) else StoreError(f"{write.what}: {type(exc).__name__}: {exc}")
+                )
+            conn.execute("RELEASE one_write")
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        failure = StoreError(f"commit failed: {type(exc).__name__}: {exc}")
+        for write in batch:  # nothing of the batch is durable: every caller hears so
+            write.result, write.error = None, StoreError(f"{write.what}: {failure}")
+            write.done = True
+        if not isinstance(exc, (sqlite3.Error, StoreError)):
+            raise
+        return
+    for write in batch:
+        write.done = True
 
 
 def _transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], begin: str) -> T:

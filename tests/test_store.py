@@ -848,3 +848,30 @@ async def test_a_transfer_commit_sets_the_new_model_in_the_same_transaction(stor
     await store.begin_turn("s1", "t2", UserMessage(content="again"), started_at=2.0)
     await commit(store, "s1", "t2", [reply("t2", "ok")], assistant="billing")
     assert (await store.load_session("s1")).model == "echo-large"  # type: ignore[union-attr]
+
+
+async def test_concurrent_writes_share_a_transaction_and_a_failing_one_leaves_the_others(store: Store) -> None:
+    await new_session(store, "s1")
+    await new_session(store, "s2")
+
+    results: dict[str, object] = {}
+
+    async def begin(session: str, turn: str) -> None:
+        try:
+            results[turn] = await store.begin_turn(session, turn, UserMessage(content=turn), started_at=1.0)
+        except StoreError as exc:
+            results[turn] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(begin, "s1", "t1")
+        tg.start_soon(begin, "s2", "t2")
+        tg.start_soon(begin, "s1", "t3")  # refused: s1 already has a pending turn
+        tg.start_soon(begin, "nope", "t4")  # refused: no such session
+    assert isinstance(results["t3"], StoreError) and "still pending" in str(results["t3"])
+    assert isinstance(results["t4"], StoreError) and "unknown" in str(results["t4"])
+    assert isinstance(results["t1"], int) and isinstance(results["t2"], int)
+    assert (await store.pending_turn("s1")) is not None and (await store.pending_turn("s2")) is not None
+    assert await store.transcript("s1") == [
+        SystemMessage(content="You route customers.", name="triage"),
+        UserMessage(content="t1", turn="t1"),
+    ]

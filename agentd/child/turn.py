@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, Use
 from agentd.obs import get_logger
 from agentd.protocol import TurnDiscarded, TurnDone
 from agentd.records import Discarded, TurnRecord
-from agentd.tools import Tool, ToolOutcome
+from agentd.tools import Tool, ToolOutcome, ToolSpec
 from agentd.transfer import (
     OpenerKind,
     TransferChoice,
@@ -165,19 +165,11 @@ class _Attempt:
     async def _call_model(self) -> Completion | TurnStatus:
         """One model call. While every endpoint is down, wait (jittered backoff) until the deadline."""
         backoff = _INTEL_BACKOFF_START
+        tools = [tool.spec for tool in self.tools.values()] + transfer_tool_specs(self.session.assistant_config)
         while True:
-            request = CompletionRequest(
-                messages=self.base + self.messages,
-                tools=[tool.spec for tool in self.tools.values()] + transfer_tool_specs(self.session.assistant_config),
-                options=self.session.current_intelligence.options,
-                deadline=self.budget.deadline_at if self.budget else None,
-            )
             try:
-                completion = await self.session.provider.complete(request)
+                completion = await self._complete(self.base + self.messages, tools, during="step")
             except IntelError as exc:
-                log.warning(
-                    events.LOG_INTEL_ERROR, session=self.session.id, turn=self.turn, kind=exc.kind.value, error=str(exc)
-                )
                 if exc.kind is not IntelErrorKind.UNAVAILABLE:
                     self.error = str(exc)
                     return TurnStatus.FAILED
@@ -191,6 +183,27 @@ class _Attempt:
                 self.waiting_for_intel = False
                 await self.session.emit(events.INTEL_RECOVERED, self.turn, model=completion.model)
             return completion
+
+    async def _complete(self, messages: list[Message], tools: Sequence[ToolSpec], *, during: str) -> Completion:
+        """One ``complete`` on the session's provider within the budget's deadline; an IntelError is logged."""
+        request = CompletionRequest(
+            messages=messages,
+            tools=tools,
+            options=self.session.current_intelligence.options,
+            deadline=self.budget.deadline_at if self.budget else None,
+        )
+        try:
+            return await self.session.provider.complete(request)
+        except IntelError as exc:
+            log.warning(
+                events.LOG_INTEL_ERROR,
+                session=self.session.id,
+                turn=self.turn,
+                kind=exc.kind.value,
+                error=str(exc),
+                during=during,
+            )
+            raise
 
     async def _wait_for_intel(self, backoff: float) -> None:
         """Sleep before retrying; a parked swap ends the wait early.
@@ -263,23 +276,9 @@ class _Attempt:
             return opener_message(plan, turn=self.turn, model=model)
         if plan.kind is not OpenerKind.GENERATED:
             return None
-        request = CompletionRequest(
-            messages=history,
-            tools=(),
-            options=self.session.current_intelligence.options,
-            deadline=self.budget.deadline_at if self.budget else None,
-        )
         try:
-            completion = await self.session.provider.complete(request)
-        except IntelError as exc:
-            log.warning(
-                events.LOG_INTEL_ERROR,
-                session=self.session.id,
-                turn=self.turn,
-                kind=exc.kind.value,
-                error=str(exc),
-                during="opener",
-            )
+            completion = await self._complete(history, (), during="opener")
+        except IntelError:
             return None
         if self.budget is not None:
             self.budget.after_step(completion.usage)
