@@ -437,3 +437,17 @@ def test_cli_reload(daemon: Daemon) -> None:
     assert result.returncode == 0, result.stderr
     generation = daemon.status()["generation"]
     assert f"generation {generation}" in result.stdout
+
+
+def test_sessions_are_listed_in_pages_newest_last(daemon: Daemon) -> None:
+    made = [daemon.new_session() for _ in range(3)]
+    everything = daemon.json("GET", "/v1/sessions?limit=10000", status=200)
+    ids = [s["id"] for s in everything]
+    assert ids[-3:] == made  # creation order, newest last
+    page = daemon.json("GET", f"/v1/sessions?limit=2&after={made[0]}", status=200)
+    assert [s["id"] for s in page] == made[1:]
+    assert daemon.json("GET", f"/v1/sessions?after={made[-1]}", status=200) == []
+    assert len(daemon.json("GET", "/v1/sessions?limit=1", status=200)) == 1
+    assert_error(daemon.api("GET", "/v1/sessions?limit=0"), 400)
+    assert_error(daemon.api("GET", "/v1/sessions?limit=ten"), 400)
+    assert_error(daemon.api("GET", "/v1/sessions?after=s_nope"), 400)

@@ -236,3 +236,45 @@ def test_a_stopped_child_is_killed_and_its_turn_reruns_elsewhere(tmp_path: Path)
         done = events.wait("turn.done", lambda d: d["turn"] == turn_id)
         assert done["status"] == "completed"
         assert len([e for e in daemon.entries(session, turn_id) if e["role"] == "user"]) == 1
+
+
+# --------------------------------------------------------------------------- the pool's shape
+
+
+def test_a_reload_that_shrinks_the_pool_drains_children_and_cuts_no_turn(tmp_path: Path) -> None:
+    (tmp_path / "hold-b").touch()
+    wide = "children = 3\nsessions_per_child = 1\nmax_children = 6\nspare_children = 1"
+    with running_daemon(tmp_path, pool_config(tmp_path, supervisor=wide)) as daemon:
+        sessions = [daemon.new_session("a") for _ in range(3)]
+        turns = held_turns(daemon, sessions)
+        assert len({loaded_on(daemon, s) for s in sessions}) == 3
+        narrow = "children = 1\nsessions_per_child = 1\nmax_children = 1\nspare_children = 0"
+        daemon.config_path.write_text(pool_config(tmp_path, supervisor=narrow))
+        result = daemon.json("POST", "/v1/reload", status=200)
+        assert "supervisor.max_children" in result["changed"]
+        wait_until(
+            lambda: sum(c["state"] == "draining" for c in daemon.status()["children"]) >= 2,
+            "the surplus children to drain",
+        )
+        (tmp_path / "hold-a").touch()
+        for session, (turn_id, events) in turns.items():
+            done = events.wait("turn.done", lambda d, t=turn_id: d["turn"] == t)
+            assert done["status"] == "completed" and done["restarts"] == 0, (session, done)
+        wait_until(lambda: len(daemon.status()["children"]) == 1, "the pool to shrink to one child")
+        assert all(daemon.send(s, "more")["turn"]["status"] == "completed" for s in sessions)
+        assert not daemon.log_events("turn.rerun"), "a shrink never cuts a turn"
+
+
+def test_the_supervisor_spends_no_thread_per_child(tmp_path: Path) -> None:
+    (tmp_path / "hold-a").touch()
+    isolated = "children = 2\nsessions_per_child = 1\nmax_children = 16\nspare_children = 1"
+    with running_daemon(tmp_path, pool_config(tmp_path, supervisor=isolated)) as daemon:
+        assert daemon.process is not None
+        first = daemon.new_session("a")
+        daemon.send(first, "hi")
+        threads = len(os.listdir(f"/proc/{daemon.process.pid}/task"))
+        more = [daemon.new_session("a") for _ in range(8)]
+        for session in more:
+            daemon.send(session, "hi")
+        assert len({loaded_on(daemon, s) for s in [first, *more]}) == 9
+        assert len(os.listdir(f"/proc/{daemon.process.pid}/task")) <= threads + 1

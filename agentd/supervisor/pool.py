@@ -157,8 +157,11 @@ class Pool:
                 return None
             child = self._start(ChildRole.QUARANTINE if quarantined else ChildRole.ACTIVE)
         else:
+            # Every child is full and the pool is at max_children: make room by unloading the
+            # session idle for longest (it costs nothing to load again), else wait for room.
             room = self._room
-            await room.wait()  # every child is full and the pool is at max_children
+            if not self._evict_longest_idle():
+                await room.wait()
             return None
         child.loaded.add(session_id)
         return child
@@ -248,6 +251,22 @@ class Pool:
                 if since is not None and (draining or now - since >= idle_unload):
                     self.unload(session_id)
                     self._owner.session_unloaded(session_id)
+
+    def _evict_longest_idle(self) -> bool:
+        """Unload the loaded session that has been idle longest; False when every loaded one is running."""
+        idle = [
+            (since, session_id)
+            for child in self.children.values()
+            if child.role is ChildRole.ACTIVE and not child.gone.is_set()
+            for session_id in child.loaded
+            if (since := self._owner.idle_since(session_id)) is not None
+        ]
+        if not idle:
+            return False
+        _, session_id = min(idle)
+        self.unload(session_id)
+        self._owner.session_unloaded(session_id)
+        return True
 
     def _idle_check_interval(self) -> float:
         idle_unload = self._settings().idle_unload
