@@ -45,6 +45,9 @@ SESSION_EVENTS: Final = frozenset(
     }
 )
 
+#: Events a child sends even when nobody watches the session: the supervisor acts on them (readiness).
+SUPERVISOR_EVENTS: Final = frozenset({INTEL_WAITING, INTEL_RECOVERED})
+
 # --- log events (RFC 0000 §8, RFC 0002 §9) ------------------------------------------------------
 LOG_SWAP_SENT: Final = "intel.swap.sent"
 LOG_SWAP_ACKED: Final = "intel.swap.acked"  # debug: one child acknowledged

@@ -48,6 +48,7 @@ __all__ = [
     "SwapPolicy",
     "TurnDiscarded",
     "TurnDone",
+    "Watch",
     "decode_payload",
     "encode_frame",
     "encode_frames",
@@ -152,6 +153,16 @@ class Input(_Frame, frozen=True, tag="input", kw_only=True):
     # Epoch seconds the supervisor accepted the turn. The deadline counts from here across every
     # re-run on another child (RFC 0006 §6); unset = from now.
     started_at: float | None = None
+    # Whether anyone watches the session's events. Unwatched, the child sends only the events the
+    # supervisor itself needs (intel.waiting/recovered); a Watch frame turns them on mid-turn.
+    watched: bool = True
+
+
+class Watch(_Frame, tag="watch", frozen=True, kw_only=True):
+    """→ Someone subscribed to (or left) the session's events: stream its progress events, or stop."""
+
+    session: str
+    watched: bool = True
 
 
 class Cancel(_Frame, frozen=True, tag="cancel", kw_only=True):
@@ -248,6 +259,7 @@ Frame = (
     | Close
     | Input
     | Cancel
+    | Watch
     | Event
     | TurnDiscarded
     | TurnDone

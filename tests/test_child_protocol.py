@@ -25,6 +25,7 @@ from agentd.protocol import (
     Cancel,
     Event,
     Failed,
+    Input,
     Open,
     Ping,
     Pong,
@@ -34,6 +35,7 @@ from agentd.protocol import (
     SwapKind,
     TurnDiscarded,
     TurnDone,
+    Watch,
 )
 from agentd.supervisor.child import ChildProcess, SpawnError
 from tests.child_harness import REPO, child_env, running_child, tool_log
@@ -456,3 +458,21 @@ async def test_a_transcript_larger_than_one_frame_is_loaded_and_its_turn_runs(tm
         done = await child.expect(TurnDone)
         assert done.record.status is TurnStatus.COMPLETED
         assert done.record.usage.input_tokens > 0 and done.messages[-1].content.endswith("y")  # type: ignore[union-attr]
+
+
+async def test_an_unwatched_session_sends_only_what_the_supervisor_needs_until_watched(tmp_path: Path) -> None:
+    gate = tmp_path / "model.gate"
+    async with running_child(cfg(options=hold(gate), tools="[]"), tmp_path) as child:
+        await child.open()
+        await child.send(Input(session="s1", turn="t1", message=UserMessage(content="one", turn="t1"), watched=False))
+        gate.touch()
+        first = await child.expect(TurnDone)
+        assert first.record.id == "t1" and child.of(Event) == []
+        gate.unlink()
+        await child.send(Input(session="s1", turn="t2", message=UserMessage(content="two", turn="t2"), watched=False))
+        await child.send(Watch(session="s1"))  # someone subscribed mid-turn (its model call is held)
+        await child.send(Ping(seq=1))
+        await child.expect(Pong)  # the Watch was read before this
+        gate.touch()
+        assert (await child.expect(TurnDone)).record.id == "t2"
+        assert "step.done" in {e.name for e in child.of(Event) if e.turn == "t2"}

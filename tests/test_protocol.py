@@ -52,6 +52,7 @@ from agentd.protocol import (
     SwapKind,
     TurnDiscarded,
     TurnDone,
+    Watch,
     decode_payload,
     encode_frame,
     encode_frames,
@@ -137,8 +138,10 @@ def _samples() -> list[Any]:
             turn="t-2",
             message=UserMessage(content="Transfer me to billing", name="alice"),
             started_at=1764583200.5,
+            watched=False,
         ),
         Cancel(session="s-1", turn="t-2"),
+        Watch(session="s-1", watched=False),
         Event(
             session="s-1",
             name="tool.call",
@@ -224,7 +227,7 @@ def test_golden_fixture(sample: Any) -> None:
 
 def test_every_frame_type_has_a_sample_and_a_fixture() -> None:
     """Adding a frame to the Frame union without a sample and a golden fixture fails here."""
-    assert len(FRAME_TYPES) == 17
+    assert len(FRAME_TYPES) == 18
     sampled = {type(s) for s in SAMPLES}
     missing_samples = [cls.__name__ for cls in FRAME_TYPES if cls not in sampled]
     assert not missing_samples, f"frame types without a golden sample: {missing_samples}"

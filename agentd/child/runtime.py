@@ -31,6 +31,7 @@ from agentd.protocol import (
     Spawn,
     SwapAck,
     SwapIntel,
+    Watch,
 )
 from agentd.tools import Tool, resolve_tools
 
@@ -111,6 +112,9 @@ class ChildRuntime:
                 session = self.sessions.get(session_id)
                 if session and session.turn_scope and (turn is None or turn == session.turn_id):
                     session.turn_scope.cancel()
+            case Watch(session=session_id, watched=watched):
+                if (watched_session := self.sessions.get(session_id)) is not None:
+                    watched_session.watched = watched
             case Open():
                 await self._on_open(frame)
             case Close(session=session_id):
@@ -184,6 +188,7 @@ class ChildRuntime:
         # before the turn's first step still finds a scope to cancel.
         session.turn_id = frame.turn
         session.turn_scope = anyio.CancelScope()
+        session.watched = frame.watched
         assert self._tg is not None
         self._tg.start_soon(self._turn_task, session, frame)
 

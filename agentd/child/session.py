@@ -56,6 +56,7 @@ class ChildSession:
         self.turn_id: str | None = None
         self.turn_scope: anyio.CancelScope | None = None
         self.swap_parked_event = anyio.Event()
+        self.watched = True  # someone subscribed to the session's events (set per turn, and by Watch)
         self.send = send
 
     @property
@@ -73,8 +74,9 @@ class ChildSession:
         return self.turn_id is not None
 
     async def emit(self, event: str, turn: str | None = None, /, **data: Any) -> None:
-        """Stream a session event to the supervisor."""
-        await self.send(Event(session=self.id, turn=turn, name=event, data=data))
+        """Stream a session event to the supervisor (progress events only while someone watches)."""
+        if self.watched or event in events.SUPERVISOR_EVENTS:
+            await self.send(Event(session=self.id, turn=turn, name=event, data=data))
 
     async def park(self, frame: SwapIntel) -> None:
         """Put a swap in the slot (latest wins). An idle session applies it at once."""

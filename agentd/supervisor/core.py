@@ -35,7 +35,7 @@ from agentd.config import (
 )
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
-from agentd.protocol import Cancel, Spawn, SwapIntel
+from agentd.protocol import Cancel, Spawn, SwapIntel, Watch
 from agentd.records import SessionState, StartedTurn
 from agentd.store import Store, StoredSession, StoreError
 from agentd.supervisor.child import Child
@@ -586,7 +586,13 @@ class Supervisor:
 
     async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[EventItem]:
         """A stream of the session's events (it stays hot while subscribed)."""
-        return (await self._open_runtime(session_id)).subscribe()
+        runtime = await self._open_runtime(session_id)
+        was_watched = runtime.watched
+        stream = runtime.subscribe()
+        turn = runtime.pending
+        if not was_watched and turn is not None and turn.child is not None:
+            await turn.child.send(Watch(session=runtime.id))  # the turn in flight streams from now on
+        return stream
 
     async def cancel(self, session_id: str) -> str:
         """Ask the child running the session's turn to cancel it; the turn then ends ``cancelled``."""

@@ -147,7 +147,13 @@ class TurnRunner:
             if turn.runs > 1:
                 self.metrics.turn_reruns.inc()
                 log.info("turn.rerun", session=runtime.id, turn=turn.id, child=child.id, run=turn.runs)
-            frame = Input(session=runtime.id, turn=turn.id, message=turn.message, started_at=turn.budget_start)
+            frame = Input(
+                session=runtime.id,
+                turn=turn.id,
+                message=turn.message,
+                started_at=turn.budget_start,
+                watched=runtime.watched,
+            )
             if await child.send(frame) and turn.cancel_requested:
                 await child.send(Cancel(session=runtime.id, turn=turn.id))
             while not (turn.done.is_set() or turn.lost.is_set()):

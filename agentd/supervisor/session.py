@@ -93,7 +93,8 @@ class SessionRuntime:
 
     @property
     def watched(self) -> bool:
-        """Someone subscribed to this session's events (step events are only built then)."""
+        """Someone subscribed to this session's events (children stream progress events only then)."""
+        self.prune_subscribers()
         return bool(self._subscribers)
 
     def publish(self, name: str, turn: str | None, data: dict[str, Any]) -> None:
