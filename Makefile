@@ -46,6 +46,7 @@ bench: install-test
 	$(BIN)/python bench/child_figures.py
 	$(BIN)/python bench/provider_overhead.py
 	$(BIN)/python bench/swap_latency.py
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf $(VENV) .agentd build *.egg-info

@@ -7,6 +7,7 @@ wrapped in ``BearerAuth``.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -41,8 +42,28 @@ def error_response(status: int, code: str, message: str, turn: str | None = None
     return JSONResponse(ErrorBody(error=ErrorDetail(code=code, message=message, turn=turn)), status_code=status)
 
 
-async def _decode(request: Request, kind: type[Any], *, empty_ok: bool = False) -> Any:
-    body = await request.body()
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed ``limit`` (never read whole)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(
+            413,
+            "too_large",
+            f"the request body is {int(declared)} bytes; the limit is {limit} bytes ([server] max_message_bytes)",
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(
+                413, "too_large", f"the request body exceeds the limit of {limit} bytes ([server] max_message_bytes)"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _decode(request: Request, kind: type[Any], *, empty_ok: bool = False, limit: int = 1 << 20) -> Any:
+    body = await _read_body(request, limit)
     if not body.strip() and empty_ok:
         body = b"{}"
     try:
@@ -50,7 +71,42 @@ async def _decode(request: Request, kind: type[Any], *, empty_ok: bool = False) 
     except msgspec.ValidationError as exc:
         raise ApiError(400, "invalid_body", f"invalid request body: {exc}") from None
     except msgspec.DecodeError as exc:
+        where = _lone_surrogate(body)
+        if where is not None:
+            raise ApiError(
+                400,
+                "malformed_json",
+                f"request body is not valid JSON text: the string at {where} holds a lone UTF-16 surrogate "
+                "(a \\uD800-\\uDFFF escape that is not half of a pair), which is not Unicode text",
+            ) from None
         raise ApiError(400, "malformed_json", f"request body is not valid JSON: {exc}") from None
+
+
+def _lone_surrogate(body: bytes) -> str | None:
+    """Where (``$.content``) a string escapes a lone surrogate, if that is why msgspec refused the body.
+
+    msgspec refuses them (rightly: they cannot be stored or sent as UTF-8) but says only "Input
+    data was truncated" or "invalid utf-16 surrogate pair". Python's json module accepts them, so
+    on this error path it shows where one is. None when that is not the problem.
+    """
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    pending: list[tuple[str, Any]] = [("$", value)]
+    while pending:
+        path, item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
+        elif isinstance(item, dict):
+            pending.extend((f"{path}.{key}", v) for key, v in reversed(item.items()))
+            pending.extend((f"{path} (a key)", key) for key in item)
+        elif isinstance(item, list):
+            pending.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+    return None
 
 
 def build_app(supervisor: Supervisor) -> Starlette:
@@ -87,7 +143,7 @@ def build_app(supervisor: Supervisor) -> Starlette:
         return JSONResponse(await supervisor.get_session(request.path_params["id"]))
 
     async def post_message(request: Request) -> Response:
-        body = await _decode(request, PostMessage)
+        body = await _decode(request, PostMessage, limit=supervisor.config.server.max_message_bytes)
         result = await supervisor.send_message(request.path_params["id"], body)
         return JSONResponse(result, status_code=202 if isinstance(result, Accepted) else 200)
 
@@ -99,21 +155,25 @@ def build_app(supervisor: Supervisor) -> Starlette:
         return JSONResponse(await supervisor.close_session(request.path_params["id"]))
 
     async def session_events(request: Request) -> Response:
-        stream = await supervisor.subscribe(request.path_params["id"])
+        session_id = request.path_params["id"]
+        stream = await supervisor.subscribe(session_id)
 
         async def body() -> AsyncIterator[bytes]:
-            yield b": connected\n\n"
-            async with stream:
-                while True:
-                    with anyio.move_on_after(SSE_KEEPALIVE_SECONDS) as idle:
-                        try:
-                            name, data = await stream.receive()
-                        except anyio.EndOfStream:
-                            return
-                    if idle.cancelled_caught:
-                        yield b": keep-alive\n\n"
-                        continue
-                    yield b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n"
+            try:
+                yield b": connected\n\n"
+                async with stream:
+                    while True:
+                        with anyio.move_on_after(SSE_KEEPALIVE_SECONDS) as idle:
+                            try:
+                                name, data = await stream.receive()
+                            except anyio.EndOfStream:
+                                return
+                        if idle.cancelled_caught:
+                            yield b": keep-alive\n\n"
+                            continue
+                        yield b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n"
+            finally:
+                supervisor.unsubscribed(session_id)  # the stream is closed: the session need not stay hot
 
         return StreamingResponse(
             body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -151,16 +211,25 @@ def build_app(supervisor: Supervisor) -> Starlette:
 
 
 class BearerAuth:
-    """ASGI middleware: every request must carry ``Authorization: Bearer <token>``, else 401."""
+    """ASGI middleware: every request must carry ``Authorization: Bearer <token>``, else 401.
+
+    The scheme name is case-insensitive (``bearer``, ``BEARER``: HTTP auth schemes are), and
+    spaces around the token are not part of it; the token itself is compared exactly, in
+    constant time.
+    """
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
+
+    def _authorized(self, header: bytes) -> bool:
+        scheme, _, credentials = header.strip().partition(b" ")
+        return scheme.lower() == b"bearer" and secrets.compare_digest(credentials.strip(b" \t"), self._expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             presented = dict(scope["headers"]).get(b"authorization", b"")
-            if not secrets.compare_digest(presented, self._expected):
+            if not self._authorized(presented):
                 response = error_response(401, "unauthorized", "missing or wrong bearer token")
                 response.headers["WWW-Authenticate"] = "Bearer"
                 await response(scope, receive, send)

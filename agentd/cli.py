@@ -13,7 +13,6 @@ import argparse
 import base64
 import os
 import sys
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -28,7 +27,6 @@ from agentd.config import (
     ConfigIssue,
     effective_intelligence,
     load_config,
-    parse_config,
     resolve_swap_policy,
 )
 from agentd.views import Accepted, Entry, MessageResult, ReloadResult, SessionView, StatusView
@@ -107,8 +105,8 @@ def _client_state_dir(flag: str | None) -> Path:
     config_path = _default_config_path()
     if config_path is not None:
         try:
-            configured = parse_config(config_path.read_text(encoding="utf-8"), str(config_path)).server.state_dir
-        except (OSError, ConfigError):
+            configured = load_config(config_path).server.state_dir  # a bounded read: a FIFO cannot hang us
+        except ConfigError:
             configured = None  # a broken config is `run`'s and `check-config`'s business, not ours
         if configured:
             return Path(configured)
@@ -693,64 +691,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def check_config(path: str | os.PathLike[str]) -> tuple[Config | None, list[ConfigIssue]]:
-    """Validate a config file the way the daemon will use it: schema and references, then tools.
+    """Validate a config file exactly as the daemon does at start-up and on reload
+    (``agentd.validate.validate_config_file``: schema and references, tools as a child resolves
+    them, the wire). Returns the config (None when it is invalid) and every issue found."""
+    from agentd.validate import validate_config_file
 
-    Returns the config (None when it is invalid) and every issue found. Tools are resolved even
-    when the schema check failed, so one run shows every problem rather than one layer at a time.
-    """
-    try:
-        config: Config | None = load_config(path)
-        issues: list[ConfigIssue] = []
-        tool_lists = [list(a.tools) for a in config.assistants] if config is not None else []
-    except ConfigError as exc:
-        config, issues = None, list(exc.issues)
-        tool_lists = _raw_tool_lists(path)
-    reported = {issue.path for issue in issues}
-    for i, refs in enumerate(tool_lists):
-        # A ref the schema already rejected (bad syntax) is not resolved again: one error each.
-        usable = [ref for k, ref in enumerate(refs) if f"assistants[{i}].tools[{k}]" not in reported]
-        issues.extend(_tool_issues(f"assistants[{i}].tools", usable))
-    return (config if not issues else None), issues
-
-
-def _raw_tool_lists(path: str | os.PathLike[str]) -> list[list[str]]:
-    """Each assistant's tool refs straight from the TOML (for a file that failed validation)."""
-    try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return []
-    assistants = raw.get("assistants")
-    if not isinstance(assistants, list):
-        return []
-    lists: list[list[str]] = []
-    for assistant in assistants:
-        tools = assistant.get("tools") if isinstance(assistant, dict) else None
-        lists.append([t for t in tools if isinstance(t, str)] if isinstance(tools, list) else [])
-    return lists
-
-
-def _tool_issues(where: str, refs: Sequence[str]) -> list[ConfigIssue]:
-    """Resolve each tool ref as a child will; every failure is an issue at ``where``."""
-    from agentd.tools import ToolError, resolve_tool, resolve_tools
-
-    # Children are started with `python -m`, which puts their working directory (ours) on
-    # sys.path; do the same so `module:function` tools resolve here exactly as they will there.
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    issues: list[ConfigIssue] = []
-    for ref in refs:
-        try:
-            resolve_tool(ref)
-        except ToolError as exc:
-            issues.append(ConfigIssue(where, str(exc)))
-        except Exception as exc:  # e.g. a function whose signature cannot be described to a model
-            issues.append(ConfigIssue(where, f"tool {ref!r}: {type(exc).__name__}: {exc}"))
-    if not issues:
-        try:
-            resolve_tools(refs)  # the set as a whole: two tools with one name
-        except ToolError as exc:
-            issues.append(ConfigIssue(where, str(exc)))
-    return issues
+    return validate_config_file(path)
 
 
 def _summary(config: Config) -> dict[str, Any]:

@@ -3,13 +3,23 @@
 The TOML file is checked field by field against the msgspec Structs below so that *every* error is
 reported with its field path, not just the first one msgspec would stop at. Durations are written
 as strings (``"250ms"``, ``"10s"``, ``"2m"``) and held as float seconds.
+
+A config that parses is whole: every value fits the control protocol's msgpack frames and the model
+servers' JSON (integers are bounded, durations at most ``MAX_DURATION``, ``options`` hold only
+JSON-like values in 64 bits), so applying it cannot fail half-way because a child or a server
+cannot be sent what it holds. A file is read with a bound (``read_config_text``): a FIFO, a device
+or a hung file system gives an error naming the path, never a reload or a shutdown that hangs.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
+import math
 import os
 import re
+import stat
+import threading
 import tomllib
 import types
 import typing
@@ -21,6 +31,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 __all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_CONFIG_BYTES",
+    "MAX_DURATION",
+    "READ_TIMEOUT",
     "Assistant",
     "Config",
     "ConfigError",
@@ -43,6 +58,7 @@ __all__ = [
     "parse_duration",
     "quickstart_config",
     "quickstart_text",
+    "read_config_text",
     "resolve_swap_policy",
 ]
 
@@ -73,8 +89,20 @@ class FirstMessageMode(enum.StrEnum):
 
 ProviderName = Literal["scripted", "ollama", "openai"]
 
+#: The widest integer the wire carries both ways: msgpack frames and the JSON most servers parse.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: The longest duration any setting takes. Longer is a typo, not a setting, and every timer stays
+#: finite (a duration string of 400 digits would otherwise be a float infinity).
+MAX_DURATION = 7 * 24 * 3600.0
+#: A config file larger than this is refused before it is read whole.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+#: How long reading the config file may take (a hung network file system never answers).
+READ_TIMEOUT = 5.0
+#: How deeply ``options`` values may nest (tables and arrays).
+MAX_OPTION_DEPTH = 32
+
 _DURATION = {"duration": True}
-Seconds = Annotated[float, msgspec.Meta(gt=0, extra=_DURATION)]
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=MAX_DURATION, extra=_DURATION)]
 # Assistant names become tool names ("transfer_to_<name>"), which providers limit to [A-Za-z0-9_-]{1,64}.
 TRANSFER_TOOL_PREFIX = "transfer_to_"
 Name = Annotated[
@@ -111,10 +139,11 @@ class IntelligenceOverride(_Section, frozen=True):
 class Limits(_Section, frozen=True):
     """The per-turn budget (RFC 0007 §4) and the restart-turn bound (RFC 0002 §5)."""
 
-    max_steps: Annotated[int, msgspec.Meta(ge=1)] = 8
-    max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Upper bounds keep every value far inside the wire's 64 bits and reject typos.
+    max_steps: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 8
+    max_tokens: Annotated[int, msgspec.Meta(ge=0, le=1_000_000_000_000)] = 0  # 0 = no token budget
     deadline: Seconds = 120.0
-    max_turn_restarts: Annotated[int, msgspec.Meta(ge=0)] = 2
+    max_turn_restarts: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 2
 
 
 class SupervisorSettings(_Section, frozen=True):
@@ -165,6 +194,9 @@ class ServerSettings(_Section, frozen=True):
 
     state_dir: str | None = None
     listen: Annotated[str, msgspec.Meta(pattern=r"^[^\s:]*:\d{1,5}$")] | None = None
+    # The largest request body (a user message with its images) the API accepts; larger → 413,
+    # refused before anything is stored. Well under the 16 MiB frame, so an Input is one frame.
+    max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=8 * 1024 * 1024)] = 4 * 1024 * 1024
 
 
 RESTART_ONLY_SECTIONS = ("server",)
@@ -289,8 +321,47 @@ def _normalize(value: Any, annotation: Any, path: str, issues: list[ConfigIssue]
             return value
         if seconds <= 0:
             issues.append(ConfigIssue(path, f"duration must be greater than zero, got {value!r}"))
+        elif seconds > MAX_DURATION:
+            issues.append(ConfigIssue(path, f"duration must be at most {MAX_DURATION / 3600:g}h, got {value!r}"))
         return seconds
+    if origin is dict:
+        if not isinstance(value, dict):
+            issues.append(ConfigIssue(path, f"expected a table, got {_kind(value)}"))
+            return value
+        return {key: _normalize(item, args[1], f"{path}.{key}", issues) for key, item in value.items()}
+    if annotation is Any:
+        _check_wire_value(value, path, issues, depth=1)
+        return value
     return _convert_leaf(value, annotation, path, issues)
+
+
+def _check_wire_value(value: Any, path: str, issues: list[ConfigIssue], depth: int) -> None:
+    """A free-form value (an ``options`` entry) must survive a msgpack frame and a server's JSON unchanged.
+
+    msgpack refuses integers outside [-2**63, 2**64) only when the frame is encoded — too late,
+    after a reload has been applied — and JSON has no infinities, NaN or dates (msgspec writes
+    ``null`` or a string in their place). So they are refused here, at their path.
+    """
+    if depth > MAX_OPTION_DEPTH:
+        issues.append(ConfigIssue(path, f"nested more than {MAX_OPTION_DEPTH} levels deep"))
+    elif isinstance(value, bool | str):
+        pass
+    elif isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            issues.append(ConfigIssue(path, f"integer {value} does not fit in 64 bits (-2**63 to 2**63-1)"))
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            issues.append(ConfigIssue(path, f"{value} is not a finite number (JSON has no inf or nan)"))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_wire_value(item, f"{path}[{i}]", issues, depth + 1)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_wire_value(item, f"{path}.{key}", issues, depth + 1)
+    elif isinstance(value, dt.date | dt.time):  # datetime is a date
+        issues.append(ConfigIssue(path, "a TOML date or time cannot be sent to a model server; write it as a string"))
+    else:  # not reachable from TOML; kept so a new value type is refused rather than sent
+        issues.append(ConfigIssue(path, f"unsupported value of type {type(value).__name__}"))
 
 
 def _normalize_struct(value: Any, cls: type, path: str, issues: list[ConfigIssue]) -> Any:
@@ -331,11 +402,18 @@ def _kind(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
+def _listen_issues(listen: str | None) -> list[ConfigIssue]:
+    # The pattern allows five digits; a port above 65535 would only fail when the socket is bound.
+    if listen is not None and int(listen.rpartition(":")[2]) > 65535:
+        return [ConfigIssue("server.listen", f"port must be at most 65535, got {listen!r}")]
+    return []
+
+
 # --------------------------------------------------------------------------- semantic checks
 
 
 def _semantic_issues(config: Config) -> list[ConfigIssue]:
-    issues: list[ConfigIssue] = []
+    issues: list[ConfigIssue] = _listen_issues(config.server.listen)
     names = [a.name for a in config.assistants]
     if not config.assistants:
         issues.append(ConfigIssue("assistants", "at least one assistant is required"))
@@ -398,11 +476,29 @@ def _dedupe(issues: list[ConfigIssue]) -> list[ConfigIssue]:
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
-    """Parse and validate TOML text; raise ConfigError with every issue found."""
+    """Parse and validate TOML text; raise ConfigError with every issue found.
+
+    Text that defines nothing (empty, or only comments) is an error, not the defaults: a file
+    caught half-written by a reload must not replace every assistant with the default one. Only
+    an absent config file means the built-in quickstart (``quickstart_config``).
+    """
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([ConfigIssue("", f"invalid TOML: {exc}")], source) from None
+    except RecursionError:  # tomllib recurses per nesting level
+        raise ConfigError([ConfigIssue("", "invalid TOML: arrays or tables nested too deeply")], source) from None
+    if not raw:
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "assistants",
+                    "the config defines no assistants (the file is empty or only comments); "
+                    "add at least one [[assistants]] table",
+                )
+            ],
+            source,
+        )
     issues: list[ConfigIssue] = []
     normalized = _normalize(raw, Config, "", issues)
     if issues:
@@ -418,16 +514,82 @@ def parse_config(text: str, source: str = "<config>") -> Config:
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
-    """Read and validate a config file; raise ConfigError (naming the file) on any problem."""
+    """Read (``read_config_text``) and validate a config file; raise ConfigError naming the file."""
+    return parse_config(read_config_text(path), str(path))
+
+
+def read_config_text(path: str | os.PathLike[str], timeout: float = READ_TIMEOUT) -> str:
+    """The text of a config file, read with bounds; ConfigError otherwise, whose message names the
+    file (a reload's result carries the message alone).
+
+    Refused: anything but a regular file (a FIFO would block the reader until some writer
+    appeared), more than ``MAX_CONFIG_BYTES``, text that is not UTF-8, and a read that has not
+    finished within ``timeout`` seconds (a hung network file system). The read runs on a daemon
+    thread: when it hangs, only that thread waits, and it cannot keep the process from exiting.
+    """
+    outcome: list[bytes | ConfigIssue] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            outcome.append(_read_regular_file(Path(path)))
+        except Exception as exc:  # never leave the caller waiting out the timeout for a bug
+            outcome.append(ConfigIssue("", f"cannot read config file {path}: {type(exc).__name__}: {exc}"))
+        finally:
+            done.set()
+
+    threading.Thread(target=read, name="agentd-config-read", daemon=True).start()
+    done.wait(timeout)
+    if not outcome:
+        raise ConfigError(
+            [ConfigIssue("", f"cannot read config file {path}: no answer within {timeout:g}s (a hung file system?)")],
+            str(path),
+        )
+    data = outcome[0]
+    if isinstance(data, ConfigIssue):
+        raise ConfigError([data], str(path))
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([ConfigIssue("", f"cannot read config file: {exc.strerror or exc}")], str(path)) from None
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
-            [ConfigIssue("", f"config file is not UTF-8 text: byte {exc.start}: {exc.reason}")], str(path)
+            [ConfigIssue("", f"config file {path} is not UTF-8 text: byte {exc.start}: {exc.reason}")], str(path)
         ) from None
-    return parse_config(text, str(path))
+
+
+def _read_regular_file(path: Path) -> bytes | ConfigIssue:
+    """The file's bytes, or the issue that stops them being read. Runs on the reader thread."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it changes nothing for a regular file).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        return ConfigIssue("", f"cannot read config file {path}: {exc.strerror or exc}")
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return ConfigIssue("", f"cannot read config file {path}: not a regular file (it is {_file_kind(mode)})")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, 1 << 16):
+            size += len(chunk)
+            if size > MAX_CONFIG_BYTES:
+                return ConfigIssue("", f"config file {path} is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        return ConfigIssue("", f"cannot read config file {path}: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = [
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def quickstart_text() -> str:

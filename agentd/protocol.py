@@ -139,7 +139,7 @@ class Open(_Frame, frozen=True, tag="open", kw_only=True):
 
 
 class Close(_Frame, frozen=True, tag="close", kw_only=True):
-    """→ Stop hosting a session (its in-flight turn, if any, is cancelled). Not sent yet: RFC 0001 §5."""
+    """→ Stop hosting a session (unloaded or closed); its in-flight turn, if any, is cancelled."""
 
     session: str
 

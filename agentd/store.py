@@ -26,6 +26,7 @@ function that brings the database from the previous version to it.
 from __future__ import annotations
 
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,8 +44,10 @@ __all__ = [
     "CommittedTurn",
     "Store",
     "StoreError",
+    "StoreUnavailable",
     "StoredEntry",
     "StoredSession",
+    "UnknownSession",
 ]
 
 T = TypeVar("T")
@@ -64,6 +67,33 @@ _models_decoder = msgspec.json.Decoder(tuple[str, ...])
 
 class StoreError(Exception):
     """A store call that cannot be done; the message names the session and turn concerned."""
+
+
+class StoreUnavailable(StoreError):
+    """The database itself failed (I/O error, disk full, locked by another process): not the call's fault.
+
+    ``full`` is set when the disk (or the database's size limit) is full.
+    """
+
+    def __init__(self, message: str, *, full: bool = False) -> None:
+        super().__init__(message)
+        self.full = full
+
+
+class UnknownSession(StoreError):
+    """A call named a session the store does not have."""
+
+
+def _wrap(what: str, exc: BaseException) -> StoreError:
+    """A StoreError for an exception raised inside a store call: StoreUnavailable when the database failed."""
+    if isinstance(exc, StoreError):
+        return exc
+    text = f"{what}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, sqlite3.OperationalError | sqlite3.DatabaseError) and not isinstance(
+        exc, sqlite3.IntegrityError | sqlite3.ProgrammingError | sqlite3.InterfaceError
+    ):
+        return StoreUnavailable(text, full="full" in str(exc).lower())
+    return StoreError(text)
 
 
 class StoredEntry(msgspec.Struct, frozen=True):
@@ -198,6 +228,8 @@ class Store:
         self._path = path
         self._limiter = anyio.CapacityLimiter(1)
         self._batch_lock = anyio.Lock()
+        # Why the last batch of writes failed because of the database itself (None: it worked).
+        self.failure: str | None = None
         self._queued: list[_Write[Any]] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -212,8 +244,8 @@ class Store:
         path = Path(path)
         try:
             conn = await anyio.to_thread.run_sync(_connect, path)
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"cannot open store {path}: {exc}") from exc
+        except (sqlite3.Error, OSError) as exc:  # _connect names the store itself; this is a last resort
+            raise StoreError(f"cannot open the store {path}: {exc}") from exc
         return cls(conn, path)
 
     async def close(self) -> None:
@@ -342,7 +374,7 @@ class Store:
             if after is not None:
                 row = conn.execute("SELECT rowid FROM sessions WHERE id = ?", (after,)).fetchone()
                 if row is None:
-                    raise StoreError(f"no session {after!r} to page after")
+                    raise UnknownSession(f"no session {after!r} to page after")
                 start = row[0]
             rows = conn.execute(
                 f"SELECT {_SESSION_COLUMNS}, (SELECT COUNT(*) FROM turns WHERE turns.session = sessions.id) AS turns"
@@ -546,7 +578,7 @@ class Store:
             try:
                 return fn(conn)
             except (sqlite3.Error, msgspec.MsgspecError) as exc:
-                raise StoreError(f"{what}: {type(exc).__name__}: {exc}") from exc
+                raise _wrap(what, exc) from exc
 
         if self._conn is None:
             raise StoreError(f"{what}: the store is closed")
@@ -572,7 +604,14 @@ class Store:
                 except StoreError as exc:  # e.g. the store was closed meanwhile: nothing of the batch ran
                     for queued in batch:
                         if not queued.done:
-                            queued.error, queued.done = StoreError(f"{queued.what}: {exc}"), True
+                            queued.error = (
+                                StoreUnavailable(f"{queued.what}: {exc}", full=exc.full)
+                                if isinstance(exc, StoreUnavailable)
+                                else StoreError(f"{queued.what}: {exc}")
+                            )
+                            queued.done = True
+                failed = [w.error for w in batch if isinstance(w.error, StoreUnavailable)]
+                self.failure = str(failed[0]) if failed else None
         if write.error is not None:
             raise write.error
         return write.result  # type: ignore[return-value]  # set whenever error is None
@@ -588,37 +627,84 @@ class Store:
 def _connect(path: Path) -> sqlite3.Connection:
     """Open the connection, set the pragmas, run pending migrations. Runs in a worker thread.
 
+    Every failure is one StoreError, ``cannot open the store <path>: <reason>`` — a file that is
+    not SQLite, is corrupt or truncated (SQLite finds a file shorter than its header says, and a
+    damaged header or schema, when the schema is read here), is not a regular file, or is empty
+    where a store must have been (``_check_store_file``). Damage deeper in the file is found by
+    the call that reads it: checking every page here would make start-up grow with the store.
+
     A new database file is created readable by its owner only (SQLite gives the -wal and -shm
     files the same permissions): transcripts are private.
     """
-    path.touch(mode=0o600, exist_ok=True)
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA busy_timeout = 5000")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise StoreError(f"cannot open store {path}: WAL journal mode unavailable (got {mode!r})")
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA foreign_keys = ON")
-        _migrate(conn, path)
-    except BaseException:
-        conn.close()
-        raise
+        _check_store_file(path)
+        path.touch(mode=0o600, exist_ok=True)
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA busy_timeout = 5000")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"WAL journal mode unavailable (got {mode!r})")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            _migrate(conn, path)
+        except BaseException:
+            conn.close()
+            raise
+    except (StoreError, sqlite3.Error, OSError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise StoreError(f"cannot open the store {path}: {reason}") from exc
     return conn
+
+
+def _check_store_file(path: Path) -> None:
+    """Refuse a database file SQLite would open but that cannot be the store agentd wrote.
+
+    SQLite treats a missing or 0-byte file as a new, empty database. agentd's own store is never
+    like that once it has been used: setting WAL mode writes the 4 KiB header before the first
+    ``-wal``/``-shm`` file is created, and a clean close removes both. So the rule is:
+
+    - missing or 0 bytes with no ``-wal`` and no ``-shm`` next to it: a new store (a first start,
+      a start that died before its first write, or an operator's ``touch``);
+    - missing or 0 bytes *with* a ``-wal`` or ``-shm`` next to it: refused. The database file was
+      truncated, replaced or removed while its log stayed; opening it would silently start an
+      empty store (or replay a log onto nothing) and every session would be gone;
+    - anything but a regular file: refused with what it is (SQLite would say "unable to open").
+    """
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        state = "missing"
+    else:
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else None
+            raise StoreError(f"not a regular file (it is {kind})" if kind else "not a regular file")
+        if info.st_size:
+            return
+        state = "empty (0 bytes)"
+    for suffix in ("-wal", "-shm"):
+        companion = path.with_name(path.name + suffix)
+        try:
+            companion_size = companion.stat().st_size
+        except FileNotFoundError:
+            continue
+        raise StoreError(
+            f"the database file is {state} but {companion.name} ({companion_size} bytes) is next to it: "
+            "the store's data was lost or moved; restore the database file, or move "
+            f"{path.name}, {path.name}-wal and {path.name}-shm away to start an empty store"
+        )
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
     """Bring the schema from its ``user_version`` to ``SCHEMA_VERSION``, one transaction per step."""
     current = conn.execute("PRAGMA user_version").fetchone()[0]
     if current > SCHEMA_VERSION:
-        raise StoreError(
-            f"store {path} has schema version {current}; this agentd knows versions up to {SCHEMA_VERSION}"
-        )
+        raise StoreError(f"it has schema version {current}; this agentd knows versions up to {SCHEMA_VERSION}")
     for version in range(current + 1, SCHEMA_VERSION + 1):
         migration = _MIGRATIONS.get(version)
         if migration is None:
-            raise StoreError(f"store {path}: no migration to schema version {version}")
+            raise StoreError(f"no migration to schema version {version}")
 
         def step(
             conn: sqlite3.Connection,
@@ -645,25 +731,22 @@ class _Write(Generic[T]):
 
 def _write_batch(conn: sqlite3.Connection, batch: list[_Write[Any]]) -> None:
     """Run every write of ``batch`` in one transaction, each in its own savepoint. Runs in the worker thread."""
-    conn.execute("BEGIN IMMEDIATE")
     try:
+        conn.execute("BEGIN IMMEDIATE")
         for write in batch:
             conn.execute("SAVEPOINT one_write")
             try:
                 write.result = write.fn(conn)
             except (StoreError, sqlite3.Error, msgspec.MsgspecError) as exc:
                 conn.execute("ROLLBACK TO one_write")
-                write.error = (
-                    exc if isinstance(exc, StoreError) else StoreError(f"{write.what}: {type(exc).__name__}: {exc}")
-                )
+                write.error = _wrap(write.what, exc)
             conn.execute("RELEASE one_write")
         conn.execute("COMMIT")
     except BaseException as exc:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
-        failure = StoreError(f"commit failed: {type(exc).__name__}: {exc}")
         for write in batch:  # nothing of the batch is durable: every caller hears so
-            write.result, write.error = None, StoreError(f"{write.what}: {failure}")
+            write.result, write.error = None, _wrap(f"{write.what}: commit failed", exc)
             write.done = True
         if not isinstance(exc, (sqlite3.Error, StoreError)):
             raise

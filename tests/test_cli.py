@@ -198,14 +198,30 @@ def test_check_config_bad_tool_reference_alone(tmp_path: Path) -> None:
             """
         )
     )
-    # A module next to the config, in the working directory: resolvable the way a child resolves it.
-    (tmp_path / "mytools.py").write_text("def ok(x: int = 0) -> str:\n    return str(x)\n")
-    result = agentd("check-config", "tools.toml", "--json", cwd=tmp_path)
+    # A module on PYTHONPATH: resolvable the way a child resolves it.
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "mytools.py").write_text("def ok(x: int = 0) -> str:\n    return str(x)\n")
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(tmp_path / "lib")]))  # no empty entry (= cwd)
+    result = agentd("check-config", "tools.toml", "--json", cwd=tmp_path, env=env)
     assert result.returncode == 2
     errors = msgspec.json.decode(result.stdout)["errors"]
     assert [e["path"] for e in errors] == ["assistants[1].tools", "assistants[1].tools"]
     assert "no_such_module_xyz" in errors[0]["message"]
     assert "missing" in errors[1]["message"]
+
+
+def test_check_config_resolves_tools_as_a_child_does_not_from_the_working_directory(tmp_path: Path) -> None:
+    """Children run ``python -P`` (RFC 0006 §9): a module that is only in the working directory is
+    not importable by them, so check-config (and the daemon) refuse it too."""
+    (tmp_path / "cwdtools.py").write_text("def ok() -> str:\n    return 'ok'\n")
+    (tmp_path / "tools.toml").write_text('[[assistants]]\nname = "a"\ntools = ["cwdtools:ok"]\n')
+    env = clean_env(PYTHONPATH=str(REPO))
+    result = agentd("check-config", "tools.toml", "--json", cwd=tmp_path, env=env)
+    assert result.returncode == 2, result.stdout
+    [error] = msgspec.json.decode(result.stdout)["errors"]
+    assert error["path"] == "assistants[0].tools" and "cannot import module 'cwdtools'" in error["message"]
+    on_path = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(tmp_path)]))
+    assert agentd("check-config", "tools.toml", cwd=tmp_path, env=on_path).returncode == 0
 
 
 def test_check_config_missing_file(tmp_path: Path) -> None:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+import agentd.config as config_module
 from agentd.config import (
+    MAX_CONFIG_BYTES,
     Config,
     ConfigError,
     FirstMessageMode,
@@ -20,6 +27,7 @@ from agentd.config import (
     parse_duration,
     quickstart_config,
     quickstart_text,
+    read_config_text,
     resolve_swap_policy,
 )
 
@@ -36,8 +44,8 @@ def issues_of(text: str) -> dict[str, str]:
 # --------------------------------------------------------------------------- defaults
 
 
-def test_empty_file_gives_all_defaults() -> None:
-    config = parse_config("")
+def test_a_file_with_only_an_assistant_gives_all_defaults() -> None:
+    config = parse_config('[[assistants]]\nname = "assistant"\nsystem = "You are a helpful assistant."\n')
     assert config == Config()
     assert config.model_swap is None
     assert config.intelligence == Intelligence(provider="scripted", endpoints=(), model="echo-small", options={})
@@ -51,6 +59,16 @@ def test_empty_file_gives_all_defaults() -> None:
     assert config.supervisor.stop_grace == 10.0
     assert len(config.assistants) == 1
     assert config.default_assistant.name == "assistant"
+    # A file with other settings and no assistants still gets the one default assistant.
+    assert parse_config('model_swap = "restart-turn"').assistants == Config().assistants
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n", "# nothing yet\n# [[assistants]]\n"])
+def test_an_empty_file_is_refused_not_taken_for_the_defaults(text: str) -> None:
+    """A reload that catches a file half-written (empty) must not replace every assistant."""
+    issues = issues_of(text)
+    assert list(issues) == ["assistants"]
+    assert "no assistants" in issues["assistants"] and "empty" in issues["assistants"]
 
 
 def test_assistant_and_transfer_defaults() -> None:
@@ -492,3 +510,147 @@ intelligence = { model = "big" }
 """
     )
     assert list(issues) == ["intelligence.endpoints[0]"]
+
+
+# --------------------------------------------------------------------------- whole: everything fits the wire
+
+ONE = '\n[[assistants]]\nname = "a"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        (f"[limits]\nmax_steps = {2**64}", "limits.max_steps"),  # the report of the issue: it passed before
+        (f"[limits]\nmax_steps = {2**63 - 1}", "limits.max_steps"),
+        ("[limits]\nmax_steps = 100001", "limits.max_steps"),
+        (f"[limits]\nmax_tokens = {2**63}", "limits.max_tokens"),
+        (f"[limits]\nmax_turn_restarts = {2**64}", "limits.max_turn_restarts"),
+        (f"[supervisor]\nchildren = {2**64}", "supervisor.children"),
+        ('[limits]\ndeadline = "169h"', "limits.deadline"),
+        (f'[limits]\ndeadline = "{"9" * 400}h"', "limits.deadline"),  # a float infinity, once parsed
+        ('[supervisor]\nidle_unload = "100000000000000000000s"', "supervisor.idle_unload"),
+        ('[server]\nlisten = "127.0.0.1:65536"', "server.listen"),
+    ],
+)
+def test_every_number_has_bounds_inside_the_wire(text: str, path: str) -> None:
+    issues = issues_of(text + ONE)
+    assert list(issues) == [path], issues
+
+
+def test_the_bounds_still_take_large_sensible_values() -> None:
+    config = parse_config(
+        '[limits]\nmax_steps = 100000\nmax_tokens = 1000000000000\ndeadline = "168h"\nmax_turn_restarts = 1000\n'
+        '[server]\nlisten = "127.0.0.1:65535"\n' + ONE
+    )
+    assert config.limits.max_steps == 100_000 and config.limits.deadline == 7 * 24 * 3600.0
+
+
+@pytest.mark.parametrize(
+    ("options", "path", "words"),
+    [
+        (f"x = {2**64}", "intelligence.options.x", "64 bits"),
+        (f"x = {2**63}", "intelligence.options.x", "64 bits"),
+        (f"x = {-(2**63) - 1}", "intelligence.options.x", "64 bits"),
+        (f"deep = {{ list = [1, {{ n = {2**64} }}] }}", "intelligence.options.deep.list[1].n", "64 bits"),
+        ("t = inf", "intelligence.options.t", "finite"),
+        ("t = nan", "intelligence.options.t", "finite"),
+        ("when = 1979-05-27T07:32:00Z", "intelligence.options.when", "date"),
+        ("day = 1979-05-27", "intelligence.options.day", "date"),
+        ("at = 07:32:00", "intelligence.options.at", "time"),
+        ("n = " + "[" * 40 + "]" * 40, "intelligence.options.n" + "[0]" * 32, "nested"),
+    ],
+)
+def test_options_hold_only_values_a_frame_and_a_server_can_carry(options: str, path: str, words: str) -> None:
+    issues = issues_of(f"[intelligence]\noptions = {{ {options} }}\n" + ONE)
+    assert list(issues) == [path], issues
+    assert words in issues[path]
+
+
+def test_an_assistants_options_are_checked_at_their_own_path() -> None:
+    issues = issues_of(f'[[assistants]]\nname = "a"\nintelligence = {{ options = {{ seed = {2**64} }} }}\n')
+    assert list(issues) == ["assistants[0].intelligence.options.seed"]
+
+
+def test_options_keep_every_json_like_value() -> None:
+    config = parse_config(
+        '[intelligence]\noptions = { t = 0.5, n = -9223372036854775808, m = 9223372036854775807, s = "x", '
+        'b = true, l = [1, 2.5, ["a"]], nested = { k = { v = 1 } } }\n' + ONE
+    )
+    assert config.intelligence.options["n"] == -(2**63) and config.intelligence.options["nested"] == {"k": {"v": 1}}
+
+
+@given(st.one_of(st.integers(), st.floats()))
+def test_any_number_an_accepted_config_holds_encodes_in_a_frame(number: int | float) -> None:
+    from agentd.protocol import Spawn, decode_payload, encode_frame
+
+    text = f"[intelligence]\noptions = {{ x = {_toml_number(number)} }}\n" + ONE
+    try:
+        config = parse_config(text)
+    except ConfigError:
+        return
+    frame = Spawn(child_id="c", generation=1, policy=SwapPolicy.FINISH_ON_OLD, config=config)
+    assert decode_payload(encode_frame(frame)[4:]) == frame
+
+
+def _toml_number(number: int | float) -> str:
+    if isinstance(number, float) and number != number:
+        return "nan"
+    if isinstance(number, float) and number in (float("inf"), float("-inf")):
+        return "inf" if number > 0 else "-inf"
+    return repr(number)
+
+
+def test_nesting_too_deep_for_the_toml_parser_is_a_config_error() -> None:
+    issues = issues_of("x = " + "[" * 5000 + "]" * 5000)
+    assert "nested too deeply" in issues[""]
+
+
+# --------------------------------------------------------------------------- reading the file, bounded
+
+
+def test_a_fifo_is_refused_at_once_naming_the_path(tmp_path: Path) -> None:
+    fifo = tmp_path / "agentd.toml"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        load_config(fifo)  # without a writer, reading a FIFO would wait forever
+    assert time.monotonic() - started < 2.0
+    assert str(info.value).endswith(f"cannot read config file {fifo}: not a regular file (it is a FIFO)")
+
+
+def test_a_directory_and_a_missing_file_are_refused_naming_the_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read config file .*: not a regular file \(it is a directory\)"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match=r"cannot read config file .*nope\.toml: No such file or directory"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_a_file_too_large_is_refused_before_it_is_read_whole(tmp_path: Path) -> None:
+    big = tmp_path / "big.toml"
+    with big.open("wb") as handle:
+        handle.truncate(MAX_CONFIG_BYTES + 1)
+    with pytest.raises(ConfigError, match="is larger than 16 MiB"):
+        load_config(big)
+
+
+def test_a_read_that_hangs_times_out_on_a_thread_that_cannot_hold_up_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hung file system never answers: stood in for by a read that blocks until released."""
+    release = threading.Event()
+    readers: list[threading.Thread] = []
+
+    def hung(path: Path) -> bytes:
+        readers.append(threading.current_thread())
+        release.wait(30)
+        return b""
+
+    monkeypatch.setattr(config_module, "_read_regular_file", hung)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConfigError, match=r"cannot read config file .*: no answer within 0\.2s"):
+            read_config_text(tmp_path / "agentd.toml", timeout=0.2)
+        assert time.monotonic() - started < 2.0
+        assert readers and readers[0].daemon  # the interpreter does not wait for it at exit
+    finally:
+        release.set()

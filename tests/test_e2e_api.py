@@ -451,3 +451,25 @@ def test_sessions_are_listed_in_pages_newest_last(daemon: Daemon) -> None:
     assert_error(daemon.api("GET", "/v1/sessions?limit=0"), 400)
     assert_error(daemon.api("GET", "/v1/sessions?limit=ten"), 400)
     assert_error(daemon.api("GET", "/v1/sessions?after=s_nope"), 400)
+
+
+def test_a_message_too_large_is_refused_with_413_before_anything_is_stored(daemon: Daemon) -> None:
+    session = daemon.new_session()
+    before = daemon.session(session)
+    big = "x" * (4 * 1024 * 1024 + 1)  # over the default [server] max_message_bytes
+    error = assert_error(daemon.api("POST", f"/v1/sessions/{session}/messages", {"content": big}), 413)
+    assert "max_message_bytes" in error["message"]
+    assert daemon.client is not None
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the limit holds while the body streams in
+        yield b'{"content": "'
+        for _ in range(5):
+            yield b"y" * (1024 * 1024)
+        yield b'"}'
+
+    response = daemon.client.post(f"/v1/sessions/{session}/messages", content=chunked())
+    assert_error(response, 413)
+    after = daemon.session(session)
+    assert after["turns"] == before["turns"] and after["transcript"] == before["transcript"]
+    assert after["state"] == "idle"
+    assert daemon.send(session, "small")["turn"]["status"] == "completed"

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -357,3 +360,67 @@ tools = ["tests.slow_import_tool:ping"]
         assert daemon.turn(session, turn_id)["status"] == "completed"
         assert daemon.process is not None
         wait_until(lambda: not zombie_children_of(daemon.process.pid), "every timed-out child to be reaped")
+
+
+# --------------------------------------------------------------------------- the store failing
+
+
+def test_a_commit_that_fails_answers_503_naming_the_turn_and_the_turn_is_kept(tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    with running_daemon(tmp_path, config(hold)) as daemon:
+        session = daemon.new_session("held")
+        turn_id, events = start_held_turn(daemon, session, "keep me")
+        # Another process takes the database's write lock: the daemon's commit fails (busy).
+        blocker = sqlite3.connect(daemon.state_dir / "agentd.db", isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            answers: list[Any] = []
+            waiter = threading.Thread(
+                target=lambda: answers.append(
+                    daemon.api("POST", f"/v1/sessions/{session}/messages", {"content": "next"})
+                )
+            )
+            hold.touch()
+            events.wait("step.done", lambda d: d["turn"] == turn_id)
+            daemon.wait_log("turn.commit_failed", lambda d: d["turn"] == turn_id)
+            ready = daemon.api("GET", "/v1/ready")
+            assert ready.status_code == 503 and any("store" in r for r in ready.json()["reasons"]), ready.text
+            # The session is still busy with the turn being committed: a new message is refused, not lost.
+            waiter.start()
+            waiter.join(TIMEOUT)
+            assert answers and answers[0].status_code in (409, 503), answers[0].text
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        turn = daemon.turn(session, turn_id)  # the retry commits it once the store works again
+        assert turn["status"] == "completed"
+        assert [e["content"] for e in user_entries(daemon, session, turn_id)] == ["keep me"]
+        wait_until(lambda: daemon.api("GET", "/v1/ready").status_code == 200, "readiness to come back")
+        assert daemon.send(session, "and now")["turn"]["status"] == "completed"
+
+
+def test_the_waiting_client_of_a_failed_commit_gets_503_with_the_turn(tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    with running_daemon(tmp_path, config(hold)) as daemon:
+        session = daemon.new_session("held")
+        blocker = sqlite3.connect(daemon.state_dir / "agentd.db", isolation_level=None)
+        answers: list[Any] = []
+        waiter = threading.Thread(
+            target=lambda: answers.append(daemon.api("POST", f"/v1/sessions/{session}/messages", {"content": "x"}))
+        )
+        events = daemon.events(session)
+        waiter.start()
+        started = events.wait("step.started")
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            hold.touch()
+            waiter.join(TIMEOUT)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert answers, "the waiting client was answered"
+        response = answers[0]
+        assert response.status_code == 503, response.text
+        error = response.json()["error"]
+        assert error["turn"] == started["turn"] and "commit" in error["message"]
+        assert daemon.turn(session, started["turn"])["status"] == "completed"

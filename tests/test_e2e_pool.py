@@ -278,3 +278,28 @@ def test_the_supervisor_spends_no_thread_per_child(tmp_path: Path) -> None:
             daemon.send(session, "hi")
         assert len({loaded_on(daemon, s) for s in [first, *more]}) == 9
         assert len(os.listdir(f"/proc/{daemon.process.pid}/task")) <= threads + 1
+
+
+def test_a_stopped_child_cannot_hold_up_a_reload_that_sends_it_a_large_frame(tmp_path: Path) -> None:
+    supervisor = 'children = 1\nspare_children = 1\nping_interval = "200ms"\nping_timeout = "1s"'
+    # A system prompt larger than the socket's buffer: the SwapIntel cannot be written to a child
+    # that does not read.
+    big = "p" * 3_000_000
+    text = pool_config(tmp_path, supervisor=supervisor).replace('name = "a"\n', f'name = "a"\nsystem = "{big}"\n', 1)
+    (tmp_path / "hold-a").touch()
+    with running_daemon(tmp_path, text) as daemon:
+        session = daemon.new_session("a")
+        assert daemon.send(session, "hi")["turn"]["status"] == "completed"
+        pid = loaded_on(daemon, session)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            daemon.config_path.write_text(text.replace('model = "a-old"', 'model = "a-new"'))
+            result = daemon.json("POST", "/v1/reload", status=200)  # answered, not stuck behind the child
+            assert result["generation"] == 2
+            daemon.wait_log("child.unresponsive", lambda d: d["pid"] == pid)
+            wait_until(lambda: pid not in {c["pid"] for c in daemon.status()["children"]}, "the stopped child to go")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        reply = daemon.send(session, "again")
+        assert reply["turn"]["status"] == "completed" and reply["turn"]["models"] == ["a-new"]

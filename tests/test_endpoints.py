@@ -148,3 +148,102 @@ def test_parse_retry_after() -> None:
     wall = 1_800_000_000.0
     assert parse_retry_after(formatdate(wall + 30, usegmt=True), wall) == 30.0
     assert parse_retry_after(formatdate(wall - 30, usegmt=True), wall) == 0.0
+
+
+# --------------------------------------------------------------------------- panic mode
+
+
+def open_with_cooldown(endpoints: Endpoints, index: int, now: float, probes_failed: int) -> None:
+    """Open ``index``'s breaker at ``now`` and fail ``probes_failed`` probes right after (cooldown doubles each)."""
+    fail(endpoints, index, now, times=3)
+    for _ in range(probes_failed):
+        assert endpoints.pick(now, exclude=[i for i in range(len(endpoints.urls)) if i != index], panic=True) == index
+        endpoints.failed(index, now)
+
+
+def test_panic_probes_the_only_endpoint_although_its_breaker_is_open() -> None:
+    endpoints = Endpoints(URLS[:1])
+    open_with_cooldown(endpoints, 0, 0.0, probes_failed=4)
+    assert endpoints.health[0].cooldown == 60.0  # usable again only at t=60
+    assert endpoints.pick(1.0) is None  # the breaker alone blocks it
+    assert endpoints.pick(1.0, panic=True) == 0  # with nowhere else to go, it is probed all the same
+    assert endpoints.state(0) is BreakerState.HALF_OPEN
+    assert endpoints.pick(1.0, panic=True) is None  # one probe at a time
+    endpoints.succeeded(0)
+    assert endpoints.state(0) is BreakerState.CLOSED and endpoints.health[0].cooldown == 5.0
+
+
+def test_a_failed_panic_probe_reopens_like_any_probe() -> None:
+    endpoints = Endpoints(URLS[:1])
+    open_with_cooldown(endpoints, 0, 0.0, probes_failed=0)
+    assert endpoints.pick(1.0, panic=True) == 0
+    endpoints.failed(0, 1.0)
+    assert endpoints.state(0) is BreakerState.OPEN and endpoints.health[0].cooldown == 10.0
+    assert endpoints.pick(1.5) is None and endpoints.pick(1.5, panic=True) == 0  # still probed after the next backoff
+
+
+def test_panic_probes_the_open_endpoint_that_becomes_ready_first() -> None:
+    endpoints = Endpoints(URLS)
+    open_with_cooldown(endpoints, 0, 0.0, probes_failed=2)  # ready at 20
+    open_with_cooldown(endpoints, 1, 0.0, probes_failed=0)  # ready at 5
+    open_with_cooldown(endpoints, 2, 0.0, probes_failed=1)  # ready at 10
+    assert endpoints.pick(1.0) is None
+    assert endpoints.pick(1.0, panic=True) == 1
+    assert endpoints.pick(1.0, exclude={1}, panic=True) == 2  # 1 is being probed (and excluded)
+    assert endpoints.pick(1.0, panic=True) == 0  # 1 and 2 are being probed: the last one left
+
+
+def test_panic_prefers_a_usable_endpoint_and_ties_go_to_the_lowest() -> None:
+    endpoints = Endpoints(URLS)
+    open_with_cooldown(endpoints, 0, 0.0, probes_failed=0)
+    assert endpoints.pick(1.0, panic=True) == 1  # not panicking: the secondary is closed
+    endpoints.released(1)
+    open_with_cooldown(endpoints, 2, 0.0, probes_failed=0)
+    assert endpoints.pick(1.0, exclude={1}, panic=True) == 0  # 0 and 2 open since t=0: the lower one
+
+
+def test_panic_still_honours_retry_after() -> None:
+    endpoints = Endpoints(URLS[:2])
+    fail(endpoints, 0, 0.0, times=2)
+    assert endpoints.pick(0.0, exclude={1}) == 0
+    endpoints.failed(0, 0.0, retry_after=30.0)  # opens, and the server asked for 30 s
+    open_with_cooldown(endpoints, 1, 0.0, probes_failed=1)  # cooldown 10 s
+    assert endpoints.pick(1.0, panic=True) == 1  # 0 is held by Retry-After, 1 only by its breaker
+    endpoints.failed(1, 1.0, retry_after=2.0)
+    assert endpoints.pick(2.0, panic=True) is None  # both held by the servers themselves
+    assert endpoints.next_ready_at(panic=True) == 3.0  # what a caller waits for before its next round
+    assert endpoints.next_ready_at() == 21.0  # without panic: 1's cooldown (20 s from t=1)
+    assert endpoints.pick(3.0, panic=True) == 1
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from(["ok", "fail", "retry-after", "release"]), st.floats(0, 30)),
+        max_size=60,
+    )
+)
+def test_a_panic_pick_finds_nothing_only_when_every_endpoint_is_probed_or_held_by_retry_after(
+    events: list[tuple[int, str, float]],
+) -> None:
+    endpoints = Endpoints(URLS)
+    now = 0.0
+    for index, outcome, step in events:
+        now += step
+        picked = endpoints.pick(now, exclude=[i for i in range(3) if i != index], panic=True)
+        if picked is None:
+            assert endpoints.health[index].not_before > now  # only Retry-After can hold a lone endpoint
+            continue
+        if outcome == "ok":
+            endpoints.succeeded(picked)
+        elif outcome in ("fail", "retry-after"):
+            endpoints.failed(picked, now, retry_after=5.0 if outcome == "retry-after" else None)
+        else:
+            endpoints.released(picked)
+    usable = [i for i, h in enumerate(endpoints.health) if h.usable(now)]
+    open_now = sorted(
+        (h.ready_at(), i)
+        for i, h in enumerate(endpoints.health)
+        if h.state is BreakerState.OPEN and now >= h.not_before
+    )
+    expected = usable[0] if usable else (open_now[0][1] if open_now else None)
+    assert endpoints.pick(now, panic=True) == expected

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentd.supervisor.blame import MAX_CRASHES, CrashVerdict, blame, rerun_allowed
+from agentd.supervisor.blame import MAX_CRASHES, CrashVerdict, blame, quarantined, rerun_allowed
 from agentd.supervisor.placement import (
     ChildRole,
     ChildSnapshot,
@@ -77,8 +77,11 @@ def test_quarantine_children_do_not_count_against_max_children() -> None:
     assert place(pool, SIZE).spawn
 
 
-def test_a_quarantined_session_always_gets_a_child_of_its_own() -> None:
+def test_a_quarantined_session_gets_a_child_of_its_own_up_to_the_growth_cap() -> None:
     assert place([child("c1")], SIZE, quarantined=True).spawn
+    quarantines = [child(f"q{i}", ChildRole.QUARANTINE, loaded=1) for i in range(SIZE.max_children)]
+    crowded = place([child("c1"), *quarantines], SIZE, quarantined=True)
+    assert not crowded.spawn and crowded.child == "c1"  # placed like any other session
 
 
 def test_one_session_per_child_is_a_process_per_loaded_session() -> None:
@@ -180,3 +183,29 @@ def test_more_than_max_crashes_in_the_window_fails_the_session() -> None:
 def test_a_rerun_starts_only_inside_the_turns_first_deadline() -> None:
     assert rerun_allowed(started_at=1000.0, deadline=120.0, now=1119.0)
     assert not rerun_allowed(started_at=1000.0, deadline=120.0, now=1120.0)
+
+
+def test_ids_are_ordered_by_age_not_as_strings() -> None:
+    assert place([child("c10"), child("c9")], SIZE).child == "c9"
+
+
+def test_children_already_draining_are_not_drained_again() -> None:
+    capped = PoolSize(children=1, sessions_per_child=3, max_children=2, spare_children=0)
+    busy = [child(f"c{i}", loaded=1, in_flight=1) for i in range(1, 5)]
+    first = plan_pool(busy, capped)
+    assert first.drain == ("c1", "c2")
+    after = [child(c.id, ChildRole.DRAINING if c.id in first.drain else ChildRole.ACTIVE, 1, 1) for c in busy]
+    assert plan_pool(after, capped).drain == ()
+
+
+def test_growth_is_capped_at_max_children_but_never_below_children() -> None:
+    odd = PoolSize(children=3, sessions_per_child=1, max_children=2, spare_children=0)
+    full = [child(f"c{i}", loaded=1) for i in range(1, 3)]
+    assert place(full, odd).spawn  # 2 < max(2, 3)
+    assert not place([*full, child("c3", loaded=1)], odd).spawn
+
+
+def test_quarantine_lapses_once_the_crashes_leave_the_window() -> None:
+    assert quarantined((10.0, 20.0), now=30.0)
+    assert not quarantined((10.0, 20.0), now=75.0)  # the first crash is older than 60 s
+    assert not quarantined((20.0,), now=30.0)

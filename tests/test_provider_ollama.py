@@ -245,10 +245,38 @@ async def test_retries_spent_is_unavailable() -> None:
         async with opened(make(server.url)) as provider:
             error = await fails(provider)
             assert provider.endpoints.state(0) is BreakerState.OPEN  # 3 rounds = 3 failures
-            again = await fails(provider, ask(deadline=anyio.current_time() + 1))  # open: not even tried
+            assert len(server.chat_requests) == 3
+            # Open, but the only endpoint: after each backoff the call probes it anyway (panic mode).
+            again = await fails(provider, ask(deadline=anyio.current_time() + 1))
     assert error.kind is IntelErrorKind.UNAVAILABLE and "always broken" in str(error)
-    assert again.kind is IntelErrorKind.UNAVAILABLE
-    assert len(server.chat_requests) == 3
+    assert again.kind is IntelErrorKind.UNAVAILABLE and "always broken" in str(again)
+    assert [r.outcome for r in server.chat_requests] == ["status"] * 5  # rounds 2 and 3 probed it
+
+
+async def test_an_open_breaker_does_not_block_the_only_endpoint_until_the_deadline() -> None:
+    """RFC 0005 §4 with panic mode: the breaker's 60 s cooldown would outlast a 20 s deadline."""
+    clock = ManualClock()
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        clock.now += seconds
+
+    with FakeOllama(default=Reply(content="answered")) as server:
+        server.script(*[truncated(after=2)] * 7)  # opens the breaker, then fails four probes: cooldown 60 s
+        async with opened(make(server.url, clock=clock, sleep=sleep, retry=RetryPolicy(jitter=0.0))) as provider:
+            first = await fails(provider, ask(deadline=clock.now + 20))
+            second = await fails(provider, ask(deadline=clock.now + 20))
+            third = await fails(provider, ask(deadline=clock.now + 20))
+            assert provider.endpoints.health[0].cooldown == 60.0
+            before = len(server.chat_requests)
+            completion = await provider.complete(ask(deadline=clock.now + 20))
+            assert provider.endpoints.state(0) is BreakerState.CLOSED
+    assert all(e.kind is IntelErrorKind.UNAVAILABLE for e in (first, second, third))
+    assert completion.message.content == "answered"  # never the truncated stream's partial text
+    assert [r.outcome for r in server.chat_requests] == ["truncate"] * 7 + ["reply"]
+    assert before == 7
+    assert max(waits) == 1.0  # backoffs only (0.5 s, 1 s): no wait for a cooldown
 
 
 # --------------------------------------------------------------------------- faults that are not retried

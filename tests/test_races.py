@@ -294,6 +294,7 @@ async def test_a_transfer_is_not_announced_when_another_call_of_its_step_ends_th
         """One answer: a transfer call first, then the same clock call four times (a loop)."""
 
         intelligence = intelligence_map(parse_config(HANDOFF))["a"]
+        failing = False
 
         async def complete(self, request: CompletionRequest) -> Completion:
             calls = (

@@ -142,7 +142,7 @@ async def test_a_new_database_is_private_to_its_owner(store: Store, db_path: Pat
 
 
 async def test_a_missing_state_dir_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(StoreError, match=r"cannot open store .*missing"):
+    with pytest.raises(StoreError, match=r"cannot open the store .*missing.*: No such file or directory"):
         await Store.open(tmp_path / "missing" / "agentd.db")
 
 
@@ -151,6 +151,92 @@ async def test_a_database_from_a_newer_agentd_is_refused(db_path: Path) -> None:
     conn.execute("PRAGMA user_version = 99")
     conn.close()
     with pytest.raises(StoreError, match=r"schema version 99"):
+        await Store.open(db_path)
+
+
+async def filled_store(db_path: Path, sessions: int = 200) -> bytes:
+    """A store with enough sessions to span many pages, closed cleanly; its file's bytes."""
+    store = await Store.open(db_path)
+    for i in range(sessions):
+        await new_session(store, f"s{i}")
+    await store.close()
+    assert not exists(db_path.with_name(db_path.name + "-wal"))  # a clean close checkpoints and removes it
+    return read_file(db_path)
+
+
+def read_file(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def write_file(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+
+
+def exists(path: Path) -> bool:
+    return path.exists()
+
+
+def remove(path: Path) -> None:
+    path.unlink()
+
+
+def make_dir(path: Path) -> None:
+    path.mkdir()
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda data: b"not a database, just text\n" * 400, "file is not a database"),
+        (lambda data: data[: len(data) // 2], "database disk image is malformed"),  # truncated
+        (lambda data: data[:4096], "database disk image is malformed"),  # only the header page left
+        (lambda data: b"SQLite format 4\x00" + data[16:], "file is not a database"),  # a corrupt header
+        (lambda data: data[:100] + b"\xff" * 3996 + data[4096:], "malformed"),  # a corrupt schema page
+    ],
+    ids=["not-sqlite", "truncated", "header-page-only", "corrupt-header", "corrupt-schema"],
+)
+async def test_a_damaged_database_is_one_clear_error_naming_the_store(db_path: Path, damage: Any, reason: str) -> None:
+    write_file(db_path, damage(await filled_store(db_path)))
+    with pytest.raises(StoreError) as info:
+        await Store.open(db_path)
+    assert str(info.value).startswith(f"cannot open the store {db_path}: ")
+    assert reason in str(info.value)
+
+
+async def test_an_empty_database_file_alone_is_a_new_store(db_path: Path) -> None:
+    write_file(db_path, b"")  # e.g. a first start that died before its first write
+    store = await Store.open(db_path)
+    try:
+        assert await store.list_sessions() == []
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("companion", ["-wal", "-shm"])
+@pytest.mark.parametrize("main_file", ["empty", "missing"])
+async def test_an_empty_or_missing_database_next_to_its_log_is_refused(
+    db_path: Path, companion: str, main_file: str
+) -> None:
+    """SQLite would open it as a new, empty store: every session would silently be gone."""
+    await filled_store(db_path)
+    write_file(db_path.with_name(db_path.name + companion), b"\x00" * 4096)  # left by a crash
+    if main_file == "empty":
+        write_file(db_path, b"")
+    else:
+        remove(db_path)
+    with pytest.raises(StoreError) as info:
+        await Store.open(db_path)
+    message = str(info.value)
+    assert message.startswith(f"cannot open the store {db_path}: the database file is ")
+    assert f"agentd.db{companion} (4096 bytes) is next to it" in message
+    assert exists(db_path) == (main_file == "empty")  # nothing was created in its place
+
+
+async def test_a_directory_where_the_database_should_be_is_named(db_path: Path) -> None:
+    make_dir(db_path)
+    with pytest.raises(
+        StoreError, match=r"cannot open the store .*agentd\.db: not a regular file \(it is a directory\)"
+    ):
         await Store.open(db_path)
 
 

@@ -95,7 +95,8 @@ class _Attempt:
         with anyio.move_on_after(self.deadline_seconds(limits.deadline)) as deadline_scope:
             status = await self._steps()
         if deadline_scope.cancelled_caught:
-            status = TurnStatus.INTEL_UNAVAILABLE if self.waiting_for_intel else TurnStatus.DEADLINE
+            unreachable = self.waiting_for_intel or self.session.provider.failing
+            status = TurnStatus.INTEL_UNAVAILABLE if unreachable else TurnStatus.DEADLINE
         self.close_unpaired(status)
         return status
 

@@ -59,6 +59,9 @@ class Provider(Protocol):
     """A model client bound to one intelligence (provider, endpoints, model, options)."""
 
     intelligence: Intelligence
+    # True while the call in flight has seen only unreachable endpoints: a deadline that cuts it
+    # ends the turn ``intel_unavailable``, not ``deadline`` (RFC 0007 §6).
+    failing: bool
 
     async def complete(self, request: CompletionRequest) -> Completion:
         """Call the model once. Raises IntelError on failure."""

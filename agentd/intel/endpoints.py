@@ -12,6 +12,13 @@ waiting. The rules:
   to the primary as soon as its probe succeeds.
 - Within one call, an endpoint that failed is not tried again until every other has been
   (``exclude``); the caller decides how many rounds to make and how long to back off between them.
+- Panic mode (``pick(..., panic=True)``): when no endpoint is usable because every candidate's
+  breaker is open, the breakers choose *which* endpoint to probe, not *whether*: the open one whose
+  cooldown ends first is probed anyway. A cooldown exists to send traffic elsewhere; with nowhere
+  else to go it would only make a call wait for the turn's deadline on an endpoint that may well
+  answer (one failing half of its attempts opens its breaker often). The caller backs off before
+  a panic probe, so a dead endpoint still sees at most one probe per backoff. ``Retry-After`` is
+  the server's own word and still holds in panic mode.
 """
 
 from __future__ import annotations
@@ -82,9 +89,13 @@ class EndpointHealth(msgspec.Struct, frozen=True, kw_only=True):
             return now >= self.opened_at + self.cooldown
         return False  # half-open: its one probe is in flight
 
-    def ready_at(self) -> float:
-        """The earliest time this endpoint may be usable again (ignores a probe in flight)."""
-        reopen = self.opened_at + self.cooldown if self.state is BreakerState.OPEN else 0.0
+    def ready_at(self, *, panic: bool = False) -> float:
+        """The earliest time this endpoint may be usable again (ignores a probe in flight).
+
+        With ``panic`` the breaker's cooldown does not count (only ``Retry-After`` does): the
+        earliest time a panic probe may go to it.
+        """
+        reopen = self.opened_at + self.cooldown if self.state is BreakerState.OPEN and not panic else 0.0
         return max(self.not_before, reopen)
 
 
@@ -130,14 +141,30 @@ class Endpoints:
         self.policy = policy or BreakerPolicy()
         self.health = [EndpointHealth(cooldown=self.policy.cooldown) for _ in self.urls]
 
-    def pick(self, now: float, exclude: Collection[int] = ()) -> int | None:
+    def pick(self, now: float, exclude: Collection[int] = (), *, panic: bool = False) -> int | None:
         """The lowest-indexed usable endpoint not in ``exclude``, marked as in use (an open one
-        becomes half-open: its probe); None when there is none."""
+        becomes half-open: its probe); None when there is none.
+
+        With ``panic``, when none is usable, the open endpoint outside ``exclude`` whose cooldown
+        ends first (the lowest-indexed on a tie) is probed all the same, unless ``Retry-After``
+        holds it (see the module docstring). An endpoint already being probed is never picked.
+        """
         for index, health in enumerate(self.health):
             if index not in exclude and health.usable(now):
                 self.health[index] = _started(health)
                 return index
-        return None
+        if not panic:
+            return None
+        open_now = [
+            (health.ready_at(), index)
+            for index, health in enumerate(self.health)
+            if index not in exclude and health.state is BreakerState.OPEN and now >= health.not_before
+        ]
+        if not open_now:
+            return None
+        _, index = min(open_now)
+        self.health[index] = _started(self.health[index])
+        return index
 
     def succeeded(self, index: int) -> None:
         """The endpoint answered (any answer that proves it is up): close its breaker."""
@@ -151,10 +178,11 @@ class Endpoints:
         """The call on this endpoint ended without a verdict (cancelled or out of time)."""
         self.health[index] = _released(self.health[index])
 
-    def next_ready_at(self, exclude: Collection[int] = ()) -> float | None:
-        """The earliest time an endpoint outside ``exclude`` that is not being probed becomes usable."""
+    def next_ready_at(self, exclude: Collection[int] = (), *, panic: bool = False) -> float | None:
+        """The earliest time an endpoint outside ``exclude`` that is not being probed becomes usable
+        (with ``panic``: may be picked by ``pick(..., panic=True)``, cooldowns not counted)."""
         times = [
-            health.ready_at()
+            health.ready_at(panic=panic)
             for index, health in enumerate(self.health)
             if index not in exclude and health.state is not BreakerState.HALF_OPEN
         ]

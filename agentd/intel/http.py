@@ -4,7 +4,10 @@
 each attempt goes to the lowest usable endpoint not yet tried in this round; a retryable failure
 (connect error, 429, 5xx, a dropped, truncated or stalled stream, a mid-stream server error) is
 recorded against that endpoint and the next one is tried at once; after a failed round the call
-backs off (honouring ``Retry-After``) and tries again, never past the request deadline. Everything
+backs off (honouring ``Retry-After``) and tries again, never past the request deadline; a round
+after a backoff that finds every breaker open probes the endpoint that becomes ready first all the
+same (panic mode, see ``endpoints``), so an open breaker never blocks the only endpoint that might
+answer until the turn's deadline. A truncated stream is never an answer: it is retried. Everything
 else — 401/403, other 4xx, a body that is not the wire format — ends the call at once with its own
 IntelError kind and no failover. The wire specifics live in the subclasses (``ollama``, ``openai``).
 
@@ -103,6 +106,7 @@ class HTTPProvider:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.intelligence = intelligence
+        self.failing = False  # the latest attempt found no endpoint reachable (see Provider.failing)
         self.endpoints = Endpoints(intelligence.endpoints, breaker)  # config guarantees at least one
         self.retry = retry or RetryPolicy()
         self._clock = clock
@@ -303,13 +307,19 @@ class HTTPProvider:
         failed_on: int | None = None
         for round_index in range(self.retry.rounds):
             tried: set[int] = set()
-            while (index := self.endpoints.pick(self._clock(), tried)) is not None:
+            # Panic mode (agentd.intel.endpoints): once the call has backed off, a round that finds
+            # every breaker open still probes the endpoint that becomes ready first — one probe per
+            # round — instead of waiting out a cooldown that can outlast the turn's deadline.
+            while (index := self.endpoints.pick(self._clock(), tried, panic=round_index > 0 and not tried)) is not None:
                 tried.add(index)
                 if failed_on is not None and failed_on != index:
                     self._log_failover(failed_on, index, last_error)
                 try:
-                    return await self._attempt_within_deadline(index, attempt, deadline, what)
+                    result = await self._attempt_within_deadline(index, attempt, deadline, what)
+                    self.failing = False
+                    return result
                 except Retryable as failure:
+                    self.failing = True
                     self.endpoints.failed(index, self._clock(), failure.retry_after)
                     last_error = str(failure)
                     failed_on = index
@@ -354,10 +364,13 @@ class HTTPProvider:
         raise self._unavailable(message)
 
     async def _pause(self, round_index: int, deadline: float | None, last_error: str) -> None:
-        """Back off between rounds, at least until the earliest endpoint is usable again."""
+        """Back off between rounds, and longer if ``Retry-After`` holds every endpoint.
+
+        Breaker cooldowns do not lengthen the pause: the next round may probe in panic mode.
+        """
         now = self._clock()
         wait = backoff_delay(round_index, self.retry, self._rng)
-        ready = self.endpoints.next_ready_at()
+        ready = self.endpoints.next_ready_at(panic=True)
         if ready is not None:
             wait = max(wait, ready - now)
         if wait > self.retry.max_wait or (deadline is not None and now + wait >= deadline):

@@ -131,6 +131,7 @@ class ScriptedProvider:
 
     def __init__(self, intelligence: Intelligence) -> None:
         self.intelligence = intelligence
+        self.failing = False  # the scripted model is always reachable
         try:
             self.options = msgspec.convert(intelligence.options, ScriptedOptions)
         except msgspec.ValidationError as exc:

@@ -29,6 +29,7 @@ __all__ = [
     "Blame",
     "CrashVerdict",
     "blame",
+    "quarantined",
     "rerun_allowed",
 ]
 
@@ -60,6 +61,14 @@ def blame(crashes: tuple[float, ...], now: float, *, window: float = CRASH_WINDO
     if len(recent) >= QUARANTINE_AFTER:
         return Blame(recent, CrashVerdict.QUARANTINE)
     return Blame(recent, CrashVerdict.RERUN)
+
+
+def quarantined(crashes: tuple[float, ...], now: float, *, window: float = CRASH_WINDOW) -> bool:
+    """Whether a session is (still) quarantined: blamed for ``QUARANTINE_AFTER`` crashes within the window.
+
+    Quarantine lapses: once its crashes are older than the window, the session shares children again.
+    """
+    return sum(1 for t in crashes if now - t <= window) >= QUARANTINE_AFTER
 
 
 def rerun_allowed(started_at: float, deadline: float, now: float) -> bool:

@@ -47,6 +47,7 @@ from agentd.supervisor.placement import ChildRole, ChildSnapshot
 __all__ = ["KILL_AFTER_TERM", "Child", "ChildProcess", "FrameSink", "SpawnError"]
 
 KILL_AFTER_TERM = 2.0
+SHUTDOWN_SEND_TIMEOUT = 1.0
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
@@ -145,7 +146,8 @@ class ChildProcess:
         """The kill ladder: Shutdown{grace} → SIGTERM → SIGKILL → reap. Returns the exit code."""
         with anyio.CancelScope(shield=True):
             if self.process.returncode is None:
-                with contextlib.suppress(*_GONE):
+                # Bounded: a hung child that does not read its channel must still reach SIGTERM/SIGKILL.
+                with contextlib.suppress(*_GONE), anyio.move_on_after(SHUTDOWN_SEND_TIMEOUT):
                     await self.channel.send(Shutdown(grace=grace))
                 with anyio.move_on_after(grace + 0.5):
                     return await self._reap()
@@ -199,6 +201,7 @@ class Child:
         self.exit_code: int | None = None
         self._pong = anyio.Event()
         self._stopping: float | None = None  # the grace of a requested stop
+        self.send_timeout = 10.0  # how long a frame may wait to be taken (the running ping_timeout)
 
     @property
     def pid(self) -> int | None:
@@ -235,6 +238,7 @@ class Child:
             self.gone.set()
             return
         process = self.process
+        self.send_timeout = settings().ping_timeout
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(process.pump_stderr, self._stderr_line)
@@ -267,6 +271,7 @@ class Child:
         seq = 0
         while True:
             current = settings()
+            self.send_timeout = current.ping_timeout
             await anyio.sleep(current.ping_interval)
             seq += 1
             self._pong = anyio.Event()
@@ -314,11 +319,24 @@ class Child:
         process = self.process
         if process is None or self.gone.is_set():
             return False
-        try:
-            await process.send(frame)
-        except _GONE:
-            return False
-        return True
+        # A child that stops reading (stopped, or its loop blocked) must not hold up the sender:
+        # a frame it does not take within ping_timeout means it is hung, and it is killed.
+        with anyio.move_on_after(self.send_timeout) as waited:
+            try:
+                await process.send(frame)
+            except _GONE:
+                return False
+            return True
+        if waited.cancelled_caught:
+            log.error(
+                "child.unresponsive",
+                child=self.id,
+                pid=process.pid,
+                timeout=self.send_timeout,
+                frame=type(frame).__name__,
+            )
+            process.signal(signal.SIGKILL)  # the channel may hold half a frame: nothing more can be sent
+        return False
 
     async def stop(self, grace: float) -> None:
         """Stop the child with the kill ladder (its running turns get ``grace`` to end) and wait until reaped."""

@@ -29,15 +29,14 @@ from agentd.config import (
     PolicyChoice,
     effective_intelligence,
     intelligence_map,
-    load_config,
     quickstart_config,
     resolve_swap_policy,
 )
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
 from agentd.protocol import Cancel, Spawn, SwapIntel, Watch
-from agentd.records import SessionState, StartedTurn
-from agentd.store import Store, StoredSession, StoreError
+from agentd.records import SessionState
+from agentd.store import Store, StoredSession, StoreError, StoreUnavailable, UnknownSession
 from agentd.supervisor.child import Child
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.pool import Pool
@@ -81,8 +80,22 @@ class ApiError(Exception):
 
 
 def load_daemon_config(path: Path | None) -> Config:
-    """The config file, or the built-in quickstart when no file is given. Raises ConfigError."""
-    return load_config(path) if path is not None else quickstart_config()
+    """The config file, or the built-in quickstart when no file is given. Raises ConfigError.
+
+    Start-up and every reload validate the file exactly as ``agentd check-config`` does
+    (``validate_config_file``: schema, tools resolved as a child resolves them, the wire), so a
+    config that passes is applied whole and one that fails changes nothing. Bounded: the read
+    times out, and the tool check by the new config's ``spawn_timeout``.
+    """
+    if path is None:
+        return quickstart_config()
+    from agentd.validate import validate_config_file
+
+    # Children get our environment without the API token; the tool check gets the same.
+    config, issues = validate_config_file(path, environ=os.environ)
+    if config is None:
+        raise ConfigError(issues, str(path))
+    return config
 
 
 def _new_id(prefix: str) -> str:
@@ -146,22 +159,32 @@ class Supervisor:
             return
         log.info("supervisor.restored", pending=len(interrupted))
         limiter = anyio.CapacityLimiter(RESUME_CONCURRENCY)
+        # Every interrupted turn is registered at once — so a cancel, a close or a new message sees
+        # it while it waits for its turn to resume — and driven at most RESUME_CONCURRENCY at a time.
+        queued: list[tuple[SessionRuntime, PendingTurn]] = []
+        for stored, started in interrupted:
+            runtime = self.sessions.setdefault(stored.id, self._runtime_from_row(stored))
+            if runtime.pending is not None:
+                continue
+            # A daemon restart is not the turn's fault: its deadline starts again now.
+            turn = PendingTurn(
+                id=started.id, message=started.message, started_at=started.started_at, budget_start=time.time()
+            )
+            runtime.pending = turn
+            if stored.state == "failed":  # it failed before the restart: its turn ends as it would have
+                await self.runner.end_without_result(runtime, turn, TurnStatus.FAILED, "the session had failed")
+                continue
+            runtime.state = "running"
+            queued.append((runtime, turn))
 
-        async def resume(stored: StoredSession, started: StartedTurn) -> None:
+        async def resume(runtime: SessionRuntime, turn: PendingTurn) -> None:
             async with limiter:
-                runtime = self.sessions.setdefault(stored.id, _runtime_from_row(stored))
-                if runtime.pending is not None or stored.state == "failed":
-                    return
-                # A daemon restart is not the turn's fault: its deadline starts again now.
-                turn = PendingTurn(
-                    id=started.id, message=started.message, started_at=started.started_at, budget_start=time.time()
-                )
-                runtime.pending, runtime.state = turn, "running"
-                await self.runner.drive(runtime, turn)
+                if not turn.done.is_set() and not runtime.closing:
+                    await self.runner.drive(runtime, turn)
 
         async with anyio.create_task_group() as tg:
-            for stored, started in interrupted:
-                tg.start_soon(resume, stored, started)
+            for runtime, turn in queued:
+                tg.start_soon(resume, runtime, turn)
 
     async def drain(self, grace: float) -> bool:
         """Stop accepting turns; wait up to ``grace`` for in-flight turns. True when all ended."""
@@ -400,7 +423,7 @@ class Supervisor:
             )
             for c in self.pool.children.values()
         ]
-        counts = await self.store.session_counts()
+        counts = await self._store_or_503(self.store.session_counts())
         sessions = SessionCounts(
             open=sum(n for state, n in counts.items() if state != "closed"),
             loaded=sum(len(c.loaded) for c in self.pool.children.values()),
@@ -420,7 +443,7 @@ class Supervisor:
 
     async def metrics_text(self) -> bytes:
         """Prometheus exposition, with the gauges read fresh."""
-        counts = await self.store.session_counts()
+        counts = await self._store_or_503(self.store.session_counts())
         running = sum(1 for r in self.sessions.values() if r.pending is not None)
         self.metrics.sessions.labels(state="idle").set(
             max(0, counts.get("idle", 0) + counts.get("running", 0) - running)
@@ -434,6 +457,8 @@ class Supervisor:
     def ready(self) -> list[str]:
         """Reasons the daemon is not ready (empty = ready)."""
         reasons = ["draining"] if self.draining else []
+        if self.store.failure is not None:
+            reasons.append(f"store unavailable: {self.store.failure}")
         down = sorted({r.assistant for r in self.sessions.values() if r.intel_waiting})
         reasons += [f"all endpoints down for assistant {name!r}" for name in down]
         return reasons
@@ -481,8 +506,10 @@ class Supervisor:
         """One page of sessions in creation order (newest last), as the supervisor sees them now."""
         try:
             page = await self.store.list_sessions(limit=limit, after=after)
-        except StoreError as exc:
+        except UnknownSession as exc:
             raise ApiError(400, "bad_cursor", str(exc)) from None
+        except StoreError as exc:
+            raise _store_error(exc) from None
         summaries = []
         for stored in page:
             assistant, state, generation, model = self._effective(stored)
@@ -530,13 +557,26 @@ class Supervisor:
             return stored.assistant, stored.state, stored.generation, stored.model
         return stored.assistant, stored.state, self.generation, self.model_of(stored.assistant, stored.model)
 
+    def _runtime_from_row(self, stored: StoredSession) -> SessionRuntime:
+        """A hot runtime for a session read from its row: not loaded anywhere, so it has taken every
+        swap since the row was written (RFC 0006 §7): it runs the current generation."""
+        state: SessionState = "failed" if stored.state == "failed" else "idle"
+        model = self.model_of(stored.assistant, stored.model)
+        return SessionRuntime(stored.id, stored.assistant, state, self.generation, model)
+
+    def unsubscribed(self, session_id: str) -> None:
+        """A subscriber went away: a session nobody needs any more is forgotten (it stays in the store)."""
+        runtime = self.sessions.get(session_id)
+        if runtime is not None:
+            self.runner.evict_if_cold(runtime)
+
     async def _open_runtime(self, session_id: str) -> SessionRuntime:
         """The hot runtime of an open session, made hot from its row if it was not. 404 if none."""
         runtime = self.sessions.get(session_id)
         if runtime is None:
             stored = await self._store_or_503(self.store.session_summary(session_id))
             if stored is not None and stored.state != "closed":
-                runtime = self.sessions.setdefault(session_id, _runtime_from_row(stored))
+                runtime = self.sessions.setdefault(session_id, self._runtime_from_row(stored))
         if runtime is None or runtime.closing:
             raise ApiError(404, "not_found", f"no open session {session_id!r}")
         return runtime
@@ -572,6 +612,9 @@ class Supervisor:
         with anyio.CancelScope(shield=True):
             try:
                 await self.store.begin_turn(runtime.id, turn.id, message, turn.started_at)
+            except StoreUnavailable as exc:
+                runtime.pending, runtime.state = None, "idle"
+                raise _store_error(exc) from None
             except StoreError as exc:
                 runtime.pending, runtime.state = None, "idle"
                 raise ApiError(409, "turn_refused", str(exc)) from None
@@ -600,16 +643,18 @@ class Supervisor:
         turn = runtime.pending
         if turn is None:
             raise ApiError(409, "no_turn", f"session {session_id} has no turn running")
-        turn.cancel_requested = True  # a turn not yet delivered is cancelled right after delivery
+        turn.cancel_requested = True
         if turn.child is not None:
             await turn.child.send(Cancel(session=runtime.id, turn=turn.id))
+        else:  # not on a child yet (waiting for one, or being loaded): it ends now and never starts
+            await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled before it started")
         return turn.id
 
     async def close_session(self, session_id: str) -> SessionSummary:
         """Close the session: unload it, end its turn ``cancelled``; the transcript is kept."""
         runtime = await self._open_runtime(session_id)
         runtime.closing = True
-        self.pool.unload(session_id)  # its child gets Close (which cancels a turn in flight there)
+        await self.pool.unload(session_id)  # its child gets Close (which cancels a turn in flight there)
         if runtime.pending is not None:
             await self.runner.end_without_result(
                 runtime, runtime.pending, TurnStatus.CANCELLED, "the session was closed"
@@ -633,10 +678,11 @@ class Supervisor:
         try:
             return await call
         except StoreError as exc:
-            raise ApiError(503, "store_unavailable", str(exc)) from None
+            raise _store_error(exc) from None
 
 
-def _runtime_from_row(stored: StoredSession) -> SessionRuntime:
-    """A hot runtime for a session read from its row (not loaded anywhere yet)."""
-    state: SessionState = "failed" if stored.state == "failed" else "idle"
-    return SessionRuntime(stored.id, stored.assistant, state, stored.generation, stored.model)
+def _store_error(exc: StoreError) -> ApiError:
+    """A store failure as the API answers it: 507 when the disk is full, else 503; nothing was stored."""
+    if isinstance(exc, StoreUnavailable) and exc.full:
+        return ApiError(507, "store_full", f"the store is full; nothing was stored: {exc}")
+    return ApiError(503, "store_unavailable", f"the store cannot be written; nothing was stored: {exc}")

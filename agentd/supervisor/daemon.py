@@ -11,25 +11,27 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import functools
 import os
 import resource
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import IO
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import uvicorn
 
 from agentd import events
 from agentd.api import BearerAuth, build_app
-from agentd.config import Config, ConfigError, PolicyChoice, resolve_swap_policy
+from agentd.config import READ_TIMEOUT, Config, ConfigError, PolicyChoice, resolve_swap_policy
 from agentd.obs import configure_logging, get_logger
-from agentd.store import Store
+from agentd.store import Store, StoreError
 from agentd.supervisor.core import Supervisor, load_daemon_config
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.systemd import notify
@@ -42,6 +44,7 @@ PID_FILE = "agentd.pid"
 SOCKET_FILE = "agentd.sock"
 DB_FILE = "agentd.db"
 WATCH_INTERVAL = 1.0
+SERVER_EXIT_GRACE = 3.0
 
 log = get_logger("supervisor")
 
@@ -117,6 +120,13 @@ class _ApiServer(uvicorn.Server):
 def _server(app: object) -> _ApiServer:
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=2)  # type: ignore[arg-type]
     return _ApiServer(config)
+
+
+async def _serve_until_done(server: _ApiServer, sock: socket.socket, done: anyio.Event) -> None:
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        done.set()
 
 
 def _fail(message: str, code: int) -> int:
@@ -213,7 +223,10 @@ async def _serve(
     early: EarlySignals,
 ) -> int:
     use_pidfd_child_watcher()
-    store = await Store.open(state_dir / DB_FILE)
+    try:
+        store = await Store.open(state_dir / DB_FILE)
+    except StoreError as exc:  # "cannot open the store <path>: <reason>": the operator's to fix, no traceback
+        return _fail(str(exc), EXIT_RUNTIME)
     supervisor = Supervisor(options, config, policy, store)
     socket_path = state_dir / SOCKET_FILE
     unix_sock = bind_unix_socket(socket_path)
@@ -225,8 +238,9 @@ async def _serve(
         with anyio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
             async with anyio.create_task_group() as tg:
                 await supervisor.start(tg)
-                for server, sock in servers:
-                    tg.start_soon(functools.partial(server.serve, sockets=[sock]))
+                served = [anyio.Event() for _ in servers]
+                for (server, sock), done in zip(servers, served, strict=True):
+                    tg.start_soon(_serve_until_done, server, sock, done)
                 if options.watch_config and options.config_path is not None:
                     tg.start_soon(_watch_config, supervisor, options.config_path)
                 log.info(
@@ -243,6 +257,11 @@ async def _serve(
                 exit_code = await _handle_signals(signals, supervisor, tg, early.received)
                 for server, _ in servers:
                     server.should_exit = True
+                # Let the servers answer the requests they hold (a waiting client whose turn was cut
+                # gets its 503 naming the turn) before everything is cancelled.
+                with anyio.move_on_after(SERVER_EXIT_GRACE):
+                    for done in served:
+                        await done.wait()
                 tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
@@ -308,22 +327,56 @@ async def _handle_signals(
 
 async def _watch_config(supervisor: Supervisor, path: Path) -> None:
     """``--watch-config``: reload when the file's mtime changes and then holds still (debounced)."""
-
-    def stamp() -> float | None:
-        try:
-            return path.stat().st_mtime
-        except OSError:
-            return None
-
-    last = stamp()
+    mtime = _Mtime(path)
+    last = await mtime()
     while True:
         await anyio.sleep(WATCH_INTERVAL)
-        current = stamp()
+        current = await mtime()
         if current == last:
             continue
         await anyio.sleep(WATCH_INTERVAL / 2)
-        if stamp() != current:
+        if await mtime() != current:
             continue
         last = current
         log.info(events.LOG_CONFIG_WATCH, path=str(path))
         await supervisor.reload()
+
+
+class _Mtime:
+    """A file's mtime, read off the event loop; None when it is missing, unreadable, or gives no
+    answer within ``READ_TIMEOUT``.
+
+    ``stat`` runs on a daemon thread: on a hung file system it never returns, and it must block
+    neither the event loop (which serves the API and SIGTERM) nor the process's exit. At most one
+    ``stat`` is in flight: while one hangs, later reads wait for it rather than start another.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._answered: anyio.Event | None = None
+        self._result: list[float | None] = []
+
+    async def __call__(self) -> float | None:
+        if self._answered is None:
+            self._answered, self._result = anyio.Event(), []
+            threading.Thread(
+                target=self._stat,
+                args=(self._answered, self._result, anyio.lowlevel.current_token()),
+                name="agentd-config-watch",
+                daemon=True,
+            ).start()
+        answered, result = self._answered, self._result
+        with anyio.move_on_after(READ_TIMEOUT):
+            await answered.wait()
+        if not answered.is_set():
+            return None
+        self._answered = None
+        return result[0]
+
+    def _stat(self, answered: anyio.Event, result: list[float | None], token: anyio.lowlevel.EventLoopToken) -> None:
+        try:
+            result.append(self.path.stat().st_mtime)
+        except OSError:
+            result.append(None)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting any more
+            anyio.from_thread.run_sync(answered.set, token=token)

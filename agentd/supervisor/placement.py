@@ -31,6 +31,7 @@ __all__ = [
     "PoolPlan",
     "PoolSize",
     "effective_children",
+    "growth_cap",
     "place",
     "plan_pool",
 ]
@@ -84,6 +85,16 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
         return self.child is None and self.promote is None and not self.spawn
 
 
+def _age(child: ChildSnapshot) -> tuple[int, str]:
+    """Ids are ``c1, c2, …``: shorter is older, so ``c9`` comes before ``c10``."""
+    return len(child.id), child.id
+
+
+def growth_cap(size: PoolSize) -> int:
+    """How many children (quarantine ones aside) the pool may run: ``max_children``, never below ``children``."""
+    return max(size.max_children, size.children)
+
+
 def _counted(children: Sequence[ChildSnapshot]) -> int:
     """Processes that count against ``max_children`` (quarantine children are extra, by design)."""
     return sum(1 for c in children if c.role is not ChildRole.QUARANTINE)
@@ -93,21 +104,25 @@ def place(children: Sequence[ChildSnapshot], size: PoolSize, *, quarantined: boo
     """Choose the child a session is loaded on (it stays there while it is active: sticky).
 
     Least loaded first (fewest sessions, then fewest turns in flight, then the oldest id, so the
-    choice is deterministic). A quarantined session always gets a child of its own.
+    choice is deterministic). A quarantined session gets a child of its own — while there are
+    fewer quarantine children than the pool may grow to, so crashes that blame many sessions at
+    once (an OOM kill of a busy child) cannot multiply the processes without bound; beyond that it
+    is placed like any other session.
     """
-    if quarantined:
+    quarantine = sum(1 for c in children if c.role is ChildRole.QUARANTINE)
+    if quarantined and quarantine < growth_cap(size):
         return Placement(spawn=True)
     room = [c for c in children if c.role is ChildRole.ACTIVE and c.loaded < size.sessions_per_child]
     if room:
-        best = min(room, key=lambda c: (c.loaded, c.in_flight, c.id))
+        best = min(room, key=lambda c: (c.loaded, c.in_flight, _age(c)))
         return Placement(child=best.id)
     # A ready spare first; else a child still starting (it was going to be a spare): waiting for
     # it beats starting one more.
-    spares = sorted(c.id for c in children if c.role is ChildRole.SPARE)
-    starting = sorted(c.id for c in children if c.role is ChildRole.STARTING)
+    spares = sorted((c for c in children if c.role is ChildRole.SPARE), key=_age)
+    starting = sorted((c for c in children if c.role is ChildRole.STARTING), key=_age)
     if spares or starting:
-        return Placement(promote=(spares or starting)[0])
-    if _counted(children) < size.max_children:
+        return Placement(promote=(spares or starting)[0].id)
+    if _counted(children) < growth_cap(size):
         return Placement(spawn=True)
     return Placement()
 
@@ -139,10 +154,10 @@ def plan_pool(children: Sequence[ChildSnapshot], size: PoolSize) -> PoolPlan:
     - A draining or quarantine child that is empty is retired.
     """
     active = [c for c in children if c.role is ChildRole.ACTIVE]
-    spares = sorted((c for c in children if c.role is ChildRole.SPARE), key=lambda c: c.id)
+    spares = sorted((c for c in children if c.role is ChildRole.SPARE), key=_age)
     starting = sum(1 for c in children if c.role is ChildRole.STARTING)
     counted = _counted(children)
-    cap = max(size.max_children, size.children)
+    cap = growth_cap(size)
 
     promote: list[str] = []
     missing_active = size.children - len(active)
@@ -165,10 +180,11 @@ def plan_pool(children: Sequence[ChildSnapshot], size: PoolSize) -> PoolPlan:
         retire += [c.id for c in spares[-surplus_spares:]]
     # Active children beyond ``children`` exist because load grew the pool: they stay while they
     # host sessions and are retired once idle unloads have emptied them.
-    by_load = sorted(active, key=lambda c: (c.loaded, c.in_flight, c.id))
+    by_load = sorted(active, key=lambda c: (c.loaded, c.in_flight, _age(c)))
     empty = [c.id for c in by_load if c.loaded == 0 and c.in_flight == 0]
     retire += empty[: max(0, len(active) - size.children)]
     # Above max_children (a reload lowered it): the least-loaded loaded children drain.
-    over_cap = counted - len(retire) - cap
-    drain = [c.id for c in by_load if c.id not in retire][: max(0, over_cap)]
+    # Children already draining are on their way out: they do not count against the cap again.
+    staying = counted - len(retire) - sum(1 for c in children if c.role is ChildRole.DRAINING and c.id not in retire)
+    drain = [c.id for c in by_load if c.id not in retire][: max(0, staying - cap)]
     return PoolPlan(spawn=spawn, promote=tuple(promote), drain=tuple(drain), retire=tuple(retire))

@@ -24,7 +24,15 @@ from agentd.config import SupervisorSettings
 from agentd.obs import get_logger
 from agentd.protocol import Close, Spawn
 from agentd.supervisor.child import Child, FrameSink
-from agentd.supervisor.placement import ChildRole, PoolSize, effective_children, place, plan_pool
+from agentd.supervisor.placement import (
+    ChildRole,
+    Placement,
+    PoolPlan,
+    PoolSize,
+    effective_children,
+    place,
+    plan_pool,
+)
 
 __all__ = ["Pool", "PoolOwner", "first_of", "pool_size"]
 
@@ -42,7 +50,8 @@ class PoolOwner(FrameSink, Protocol):
         """A child became Ready (send it the newest generation if it changed while it started)."""
 
     async def child_lost(self, child: Child, loaded: set[str], in_flight: set[str], *, crashed: bool) -> None:
-        """A child ended: ``loaded`` sessions are no longer loaded; ``in_flight`` ones lost their turn."""
+        """A child ended (``crashed``: a Ready child that was not asked to): ``loaded`` sessions are no
+        longer loaded; ``in_flight`` ones lost their turn."""
 
     def idle_since(self, session_id: str) -> float | None:
         """Monotonic time the session's last turn ended, or None while it has one in flight."""
@@ -142,9 +151,17 @@ class Pool:
                 return child
         return None
 
-    async def _place(self, session_id: str, quarantined: bool) -> Child | None:
+    def _verdict(self, quarantined: bool) -> Placement:
         snapshots = [c.snapshot() for c in self.children.values() if not c.gone.is_set()]
-        verdict = place(snapshots, pool_size(self._settings()), quarantined=quarantined)
+        return place(snapshots, pool_size(self._settings()), quarantined=quarantined)
+
+    async def _place(self, session_id: str, quarantined: bool) -> Child | None:
+        verdict = self._verdict(quarantined)
+        if verdict.spawn and self._spawn_failures:
+            # Children keep failing to start: back off, then decide again from what the pool is
+            # now (others waiting meanwhile may have started one), so the cap always holds.
+            await self._spawn_backoff()
+            verdict = self._verdict(quarantined)
         if verdict.child is not None:
             child = self.children[verdict.child]
         elif verdict.promote is not None:
@@ -152,7 +169,6 @@ class Pool:
             child.role = ChildRole.ACTIVE
             self.changed()  # a spare was used: start a new one
         elif verdict.spawn:
-            await self._spawn_backoff()
             if self._stopping:
                 return None
             child = self._start(ChildRole.QUARANTINE if quarantined else ChildRole.ACTIVE)
@@ -160,21 +176,25 @@ class Pool:
             # Every child is full and the pool is at max_children: make room by unloading the
             # session idle for longest (it costs nothing to load again), else wait for room.
             room = self._room
-            if not self._evict_longest_idle():
+            if not await self._evict_longest_idle():
                 await room.wait()
             return None
         child.loaded.add(session_id)
         return child
 
-    def unload(self, session_id: str) -> None:
-        """Forget where a session is loaded (its child is told ``Close`` if it is still up)."""
+    async def unload(self, session_id: str) -> None:
+        """Forget where a session is loaded; its child is told ``Close`` if it is still up.
+
+        The Close is sent before this returns, so it precedes any later ``Open`` of the session on
+        the same child (the channel keeps frames in order).
+        """
         child = self.where(session_id)
         if child is None:
             return
         child.loaded.discard(session_id)
-        if child.usable and self._tg is not None:
-            self._tg.start_soon(child.send, Close(session=session_id))
         self.changed()
+        if child.usable:
+            await child.send(Close(session=session_id))
 
     # ------------------------------------------------------------------ children
 
@@ -202,7 +222,9 @@ class Pool:
 
     async def _on_gone(self, child: Child) -> None:
         self.children.pop(child.id, None)
-        crashed = child._stopping is None and not self._stopping
+        # A crash: a child that was Ready ended without being asked to. One that never became Ready
+        # failed to start (counted apart, for the spawn backoff).
+        crashed = child.ready.is_set() and child._stopping is None and not self._stopping
         if not child.ready.is_set():
             self._spawn_failures += 1
         elif crashed:
@@ -212,8 +234,7 @@ class Pool:
         child.loaded.clear()
         child.in_flight.clear()
         self.changed()
-        if loaded or in_flight:
-            await self._owner.child_lost(child, loaded, in_flight, crashed=crashed)
+        await self._owner.child_lost(child, loaded, in_flight, crashed=crashed)
 
     async def _spawn_backoff(self) -> None:
         """Children that keep failing to start are retried with backoff (0.5 s doubling to 30 s)."""
@@ -221,10 +242,16 @@ class Pool:
             delay = min(SPAWN_BACKOFF_START * 2 ** (self._spawn_failures - 1), SPAWN_BACKOFF_MAX)
             await anyio.sleep(delay * random.uniform(0.5, 1.0))
 
+    def _plan(self) -> PoolPlan:
+        live = [c for c in self.children.values() if not c.gone.is_set()]
+        return plan_pool([c.snapshot() for c in live], pool_size(self._settings()))
+
     async def _maintain(self) -> None:
         """One pass: carry out the plan, then unload sessions idle for longer than ``idle_unload``."""
-        live = [c for c in self.children.values() if not c.gone.is_set()]
-        plan = plan_pool([c.snapshot() for c in live], pool_size(self._settings()))
+        plan = self._plan()
+        if plan.spawn and self._spawn_failures:
+            await self._spawn_backoff()
+            plan = self._plan()  # decided again after the wait: placements may have started children
         for child_id in plan.promote:
             self.children[child_id].role = ChildRole.ACTIVE
         for child_id in plan.drain:
@@ -235,13 +262,12 @@ class Pool:
             assert self._tg is not None
             self._tg.start_soon(child.stop, self._settings().stop_grace)
         if plan.spawn:
-            await self._spawn_backoff()
             for _ in range(plan.spawn):
                 if not self._stopping:
                     self._start(ChildRole.STARTING)
-        self._unload_idle()
+        await self._unload_idle()
 
-    def _unload_idle(self) -> None:
+    async def _unload_idle(self) -> None:
         idle_unload = self._settings().idle_unload
         now = time.monotonic()
         for child in list(self.children.values()):
@@ -249,10 +275,10 @@ class Pool:
             for session_id in list(child.loaded):
                 since = self._owner.idle_since(session_id)
                 if since is not None and (draining or now - since >= idle_unload):
-                    self.unload(session_id)
+                    await self.unload(session_id)
                     self._owner.session_unloaded(session_id)
 
-    def _evict_longest_idle(self) -> bool:
+    async def _evict_longest_idle(self) -> bool:
         """Unload the loaded session that has been idle longest; False when every loaded one is running."""
         idle = [
             (since, session_id)
@@ -264,7 +290,7 @@ class Pool:
         if not idle:
             return False
         _, session_id = min(idle)
-        self.unload(session_id)
+        await self.unload(session_id)
         self._owner.session_unloaded(session_id)
         return True
 

@@ -37,8 +37,8 @@ from agentd.protocol import (
     TurnDone,
 )
 from agentd.records import TurnRecord
-from agentd.store import Store, StoreError
-from agentd.supervisor.blame import CrashVerdict, blame
+from agentd.store import CommittedTurn, Store, StoreError, StoreUnavailable
+from agentd.supervisor.blame import CrashVerdict, blame, quarantined, rerun_allowed
 from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Pool, first_of
 from agentd.supervisor.session import PendingTurn, SessionRuntime
@@ -51,6 +51,8 @@ log = get_logger("supervisor")
 #: How long past a turn's deadline the supervisor waits for the child's own answer before it ends
 #: the turn ``deadline`` itself (a child whose loop is blocked cannot answer).
 DEADLINE_GRACE = 5.0
+COMMIT_RETRY_START = 0.5
+COMMIT_RETRY_MAX = 10.0
 SHUTDOWN_CUT = "agentd is shutting down; the turn was not finished and re-runs at the next start"
 
 
@@ -117,30 +119,52 @@ class TurnRunner:
     async def _deliver_until_done(self, runtime: SessionRuntime, turn: PendingTurn) -> None:
         assert self.pool is not None
         while not turn.done.is_set():
-            deadline = self.running.config.limits.deadline
-            if turn.runs and time.time() >= turn.started_at + deadline:
+            if turn.runs and not rerun_allowed(turn.budget_start, self.running.config.limits.deadline, time.time()):
                 await self.end_without_result(
                     runtime, turn, TurnStatus.DEADLINE, "the turn's deadline passed while its child was replaced"
                 )
                 return
+            runtime.quarantined = quarantined(runtime.crashes, time.monotonic())
             child = await self.pool.acquire(runtime.id, quarantined=runtime.quarantined)
-            if turn.done.is_set():
-                return
             if child is None:  # the daemon is stopping: the turn stays stored and re-runs at the next start
-                turn.cut = SHUTDOWN_CUT
-                turn.done.set()
+                if not turn.done.is_set():
+                    turn.cut = SHUTDOWN_CUT
+                    turn.done.set()
+                return
+            if await self._ended_meanwhile(runtime, turn, child):
                 return
             if runtime.child is not child and not await self._open(runtime, child, turn):
                 continue
+            if await self._ended_meanwhile(runtime, turn, child):
+                return
             await self._run_on(runtime, turn, child)
             if turn.done.is_set():
                 return
             if turn.crashed and not await self._blame_crash(runtime, turn):
                 return
 
+    async def _ended_meanwhile(self, runtime: SessionRuntime, turn: PendingTurn, child: Child) -> bool:
+        """Whether the turn ended (cancelled, closed) while it waited for ``child``; if so, give back
+        what it took: the reservation, or — for a closed session — the session it loaded there."""
+        if not (turn.done.is_set() or runtime.closing):
+            return False
+        if runtime.child is child:
+            if runtime.closing and self.pool is not None:
+                runtime.child = None
+                await self.pool.unload(runtime.id)  # Close: the child forgets the session
+        else:
+            child.loaded.discard(runtime.id)
+            self._changed()
+        return True
+
     async def _run_on(self, runtime: SessionRuntime, turn: PendingTurn, child: Child) -> None:
         """Send the turn to ``child`` and wait until it ends there, the child goes, or the deadline passes."""
+        if turn.cancel_requested:  # cancelled before it reached a child: it never starts
+            await self.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled before it started")
+            return
         turn.child, turn.lost, turn.crashed = child, anyio.Event(), False
+        # The deadline this run is sent with (a reload that changes it applies from the next run).
+        deadline = self.running.config.limits.deadline
         turn.runs += 1
         child.in_flight.add(runtime.id)
         try:
@@ -154,10 +178,9 @@ class TurnRunner:
                 started_at=turn.budget_start,
                 watched=runtime.watched,
             )
-            if await child.send(frame) and turn.cancel_requested:
-                await child.send(Cancel(session=runtime.id, turn=turn.id))
+            await child.send(frame)
             while not (turn.done.is_set() or turn.lost.is_set()):
-                remaining = turn.budget_start + self.running.config.limits.deadline + DEADLINE_GRACE - time.time()
+                remaining = turn.budget_start + deadline + DEADLINE_GRACE - time.time()
                 if remaining <= 0:
                     await child.send(Cancel(session=runtime.id, turn=turn.id))
                     await self.end_without_result(
@@ -256,7 +279,7 @@ class TurnRunner:
             runtime.publish(events.TURN_DONE, record.id, turn_done_event(record, turn.entries))
         turn.done.set()
         self._on_turn_finished()
-        self._evict_if_cold(runtime)
+        self.evict_if_cold(runtime)
 
     # ------------------------------------------------------------------ frames from children
 
@@ -306,20 +329,8 @@ class TurnRunner:
             model = (
                 self.running.model_of(done.assistant, runtime.model) if done.assistant != runtime.assistant else None
             )
-            try:
-                committed = await self.store.commit_turn(
-                    runtime.id,
-                    done.record,
-                    assistant=done.assistant,
-                    messages=done.messages,
-                    transcript=done.transcript,
-                    model=model,
-                )
-            except StoreError as exc:
-                log.error("turn.commit_failed", session=runtime.id, turn=done.record.id, error=str(exc))
-                await self.end_without_result(
-                    runtime, pending, TurnStatus.FAILED, f"the store could not commit the turn: {exc}"
-                )
+            committed = await self._commit(runtime, pending, done, model)
+            if committed is None:
                 return
             added = done.transcript if done.transcript is not None else done.messages
             pending.entries = [
@@ -330,6 +341,42 @@ class TurnRunner:
             if model is not None:  # a transfer: the session now runs on the destination's model
                 runtime.assistant, runtime.model = done.assistant, model
             self._finish(runtime, pending, committed.record)
+
+    async def _commit(
+        self, runtime: SessionRuntime, pending: PendingTurn, done: TurnDone, model: str | None
+    ) -> CommittedTurn | None:
+        """Commit the turn's results, retrying while the database itself fails: a finished turn is never lost.
+
+        The waiting client is answered at the first failure (503 naming the turn) and readiness
+        reports the store meanwhile; the session stays busy with this turn until it is committed,
+        then it is usable as before. A refusal that is not the database's fault ends the turn failed.
+        """
+        backoff = COMMIT_RETRY_START
+        while True:
+            try:
+                return await self.store.commit_turn(
+                    runtime.id,
+                    done.record,
+                    assistant=done.assistant,
+                    messages=done.messages,
+                    transcript=done.transcript,
+                    model=model,
+                )
+            except StoreUnavailable as exc:
+                log.error(
+                    "turn.commit_failed", session=runtime.id, turn=done.record.id, error=str(exc), retry_in=backoff
+                )
+                if not pending.done.is_set():
+                    pending.cut = f"the store could not commit the turn ({exc}); it is retried and kept"
+                    pending.done.set()
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, COMMIT_RETRY_MAX)
+            except StoreError as exc:
+                log.error("turn.commit_refused", session=runtime.id, turn=done.record.id, error=str(exc))
+                await self.end_without_result(
+                    runtime, pending, TurnStatus.FAILED, f"the store refused the turn's results: {exc}"
+                )
+                return None
 
     # ------------------------------------------------------------------ the pool's owner
 
@@ -352,7 +399,7 @@ class TurnRunner:
             if pending is not None and pending.child is child:
                 pending.crashed = crashed
                 pending.lost.set()
-            self._evict_if_cold(runtime)
+            self.evict_if_cold(runtime)
 
     def swap_acked(self, child: Child, generation: int) -> None:
         """A child acknowledged a SwapIntel."""
@@ -372,11 +419,12 @@ class TurnRunner:
         log.info(events.LOG_SESSION_UNLOADED, session=session_id)
         if runtime is not None:
             runtime.child = None
-            self._evict_if_cold(runtime)
+            self.evict_if_cold(runtime)
 
     # ------------------------------------------------------------------ helpers
 
-    def _evict_if_cold(self, runtime: SessionRuntime) -> None:
+    def evict_if_cold(self, runtime: SessionRuntime) -> None:
+        """Forget a runtime that is no longer loaded, running or watched (the store has the session)."""
         runtime.prune_subscribers()
         if not runtime.hot and self.sessions.get(runtime.id) is runtime:
             del self.sessions[runtime.id]

@@ -1,0 +1,244 @@
+"""A config validated the way the daemon will use it: one function, ``validate_config_file``, serves
+``agentd check-config``, the daemon's start-up and every reload (``load_daemon_config``).
+
+It checks, in order, and reports every issue found with its path:
+
+1. the file and its schema and references (``agentd.config``: bounded read, every field);
+2. the tools, resolved the way a child resolves them. ``module:function`` references are imported
+   in a fresh ``python -P -m agentd.validate`` process with the children's environment — ``-P``
+   keeps the working directory off ``sys.path`` as it is for a child (RFC 0006 §9) — and within
+   ``supervisor.spawn_timeout``: a tool a child cannot import by then can never start a child.
+   Importing them in the daemon itself would run a tool's import-time code in the supervisor,
+   let an import that hangs hold a reload forever, and find modules cached by an earlier
+   import instead of the files as they are now. Built-in tools import nothing and are resolved
+   in this process;
+3. that the config fits the control protocol: it is encoded in a ``Spawn`` as a child gets it.
+
+A config that passes can be applied whole: nothing a reload does afterwards fails because of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+
+import msgspec
+
+from agentd.config import (
+    Config,
+    ConfigError,
+    ConfigIssue,
+    SupervisorSettings,
+    SwapPolicy,
+    parse_config,
+    read_config_text,
+)
+
+__all__ = ["resolve_tool_lists", "tool_issues", "validate_config_file"]
+
+#: Left over after a timed-out check was killed: how long its output may take to arrive.
+_AFTER_KILL_SECONDS = 2.0
+#: The environment variable the daemon never passes to children (nor to the tool check).
+_TOKEN_ENV = "AGENTD_API_TOKEN"
+
+
+def validate_config_file(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+) -> tuple[Config | None, list[ConfigIssue]]:
+    """Validate the config file at ``path``: schema and references, tools, then the wire.
+
+    Returns the config (None when any issue was found) and every issue. Tools are resolved even
+    when the schema check failed, so one run shows every problem rather than one layer at a time.
+    ``environ`` is the environment children get (default: this process's, without the API token).
+    """
+    try:
+        text = read_config_text(path)
+    except ConfigError as exc:
+        return None, list(exc.issues)
+    config: Config | None
+    try:
+        config = parse_config(text, str(path))
+        issues: list[ConfigIssue] = []
+        tool_lists = [list(a.tools) for a in config.assistants]
+        timeout = config.supervisor.spawn_timeout
+    except ConfigError as exc:
+        config, issues = None, list(exc.issues)
+        tool_lists = _raw_tool_lists(text)
+        timeout = SupervisorSettings().spawn_timeout
+    # A ref the schema already rejected (bad syntax) is not resolved again: one error each.
+    reported = {issue.path for issue in issues}
+    usable = [
+        [ref for k, ref in enumerate(refs) if f"assistants[{i}].tools[{k}]" not in reported]
+        for i, refs in enumerate(tool_lists)
+    ]
+    issues.extend(tool_issues(usable, timeout=timeout, environ=environ))
+    if config is not None and not issues:
+        issues.extend(_frame_issues(config))
+    return (config if not issues else None), issues
+
+
+def _raw_tool_lists(text: str) -> list[list[str]]:
+    """Each assistant's tool refs straight from the TOML (for a file that failed validation)."""
+    try:
+        raw = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return []
+    assistants = raw.get("assistants")
+    if not isinstance(assistants, list):
+        return []
+    lists: list[list[str]] = []
+    for assistant in assistants:
+        tools = assistant.get("tools") if isinstance(assistant, dict) else None
+        lists.append([t for t in tools if isinstance(t, str)] if isinstance(tools, list) else [])
+    return lists
+
+
+def _frame_issues(config: Config) -> list[ConfigIssue]:
+    """The config as a child receives it, encoded: what could not be sent is an issue now, not a
+    failed fan-out after the reload was applied. (The schema bounds every value; this is the proof.)"""
+    from agentd.protocol import Spawn, encode_frames  # the protocol imports the config module
+
+    try:
+        encode_frames(Spawn(child_id="check", generation=1, policy=SwapPolicy.FINISH_ON_OLD, config=config))
+    except (msgspec.EncodeError, OverflowError, TypeError, ValueError) as exc:
+        return [ConfigIssue("", f"the config cannot be sent to a child: {type(exc).__name__}: {exc}")]
+    return []
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def tool_issues(
+    tool_lists: Sequence[Sequence[str]],
+    *,
+    timeout: float,
+    environ: Mapping[str, str] | None = None,
+) -> list[ConfigIssue]:
+    """Resolve each assistant's tool refs (``tool_lists[i]`` for ``assistants[i]``) as a child will.
+
+    Every failure is an issue at ``assistants[i].tools``. Only built-ins: resolved here. Any
+    ``module:function``: resolved in a ``python -P`` process (see the module docstring) that is
+    killed, with everything it started, after ``timeout`` seconds.
+    """
+    if not any(":" in ref for refs in tool_lists for ref in refs):
+        return [ConfigIssue(f"assistants[{i}].tools", message) for i, message in resolve_tool_lists(tool_lists)]
+    env = dict(os.environ if environ is None else environ)
+    env.pop(_TOKEN_ENV, None)
+    process = subprocess.Popen(
+        [sys.executable, "-P", "-m", "agentd.validate"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,  # its own process group: a timeout kills whatever a tool's import started
+    )
+    request = json.dumps([list(refs) for refs in tool_lists]).encode()
+    try:
+        out, err = process.communicate(request, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out, _ = _kill(process)
+        stopped = f"not resolved within {timeout:g}s (supervisor.spawn_timeout); a child could not start with it"
+        return _issues_from(out, tool_lists, stopped)
+    if process.returncode == 0:
+        return _issues_from(out, tool_lists, None)
+    # A tool's import that exits the process (sys.exit, os._exit, a crash) would end a child's start-up too.
+    last = err.decode("utf-8", "replace").strip().splitlines()[-1:]
+    stopped = f"importing it ended the process (exit status {process.returncode})" + (f": {last[0]}" if last else "")
+    return _issues_from(out, tool_lists, stopped)
+
+
+def _kill(process: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
+    """Kill a timed-out check and its process group; what it wrote before (never wait long for it)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    try:
+        return process.communicate(timeout=_AFTER_KILL_SECONDS)
+    except subprocess.TimeoutExpired:  # stuck in the kernel (a hung file system): leave it
+        return b"", b""
+
+
+def _issues_from(out: bytes, tool_lists: Sequence[Sequence[str]], stopped: str | None) -> list[ConfigIssue]:
+    """The check's report (one JSON line per ref resolved) → issues. When the check was ``stopped``
+    (timed out, or its process ended), the first ref without a line is the one it stopped at."""
+    issues: list[ConfigIssue] = []
+    seen: set[tuple[int, int]] = set()
+    for line in out.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(line)
+            i, k, error = int(record["assistant"]), int(record["tool"]), record["error"]
+        except (ValueError, KeyError, TypeError):
+            continue  # not ours (a tool's import wrote to stdout is redirected, but be safe)
+        seen.add((i, k))
+        if error:
+            issues.append(ConfigIssue(f"assistants[{i}].tools", str(error)))
+    if stopped is not None:
+        pending = [(i, k) for i, refs in enumerate(tool_lists) for k in range(len(refs) + 1) if (i, k) not in seen]
+        i, k = pending[0] if pending else (0, 0)
+        what = f"tool {tool_lists[i][k]!r}" if i < len(tool_lists) and k < len(tool_lists[i]) else "the tools"
+        issues.append(ConfigIssue(f"assistants[{i}].tools", f"{what}: {stopped}"))
+    return issues
+
+
+def resolve_tool_lists(
+    tool_lists: Sequence[Sequence[str]], report: Callable[[int, int, str | None], None] | None = None
+) -> list[tuple[int, str]]:
+    """Resolve every ref in this process; ``(assistant index, message)`` for every failure.
+
+    ``report(i, k, error)`` is called as each ref is resolved (``k == len(refs)`` for the check
+    that the assistant's tool names are unique), so a caller that is cut off knows how far it got.
+    """
+    from agentd.tools import ToolError, resolve_tool, resolve_tools
+
+    failures: list[tuple[int, str]] = []
+    for i, refs in enumerate(tool_lists):
+        before = len(failures)
+        for k, ref in enumerate(refs):
+            error: str | None = None
+            try:
+                resolve_tool(ref)
+            except ToolError as exc:
+                error = str(exc)
+            except Exception as exc:  # e.g. a function whose signature cannot be described to a model
+                error = f"tool {ref!r}: {type(exc).__name__}: {exc}"
+            if error is not None:
+                failures.append((i, error))
+            if report is not None:
+                report(i, k, error)
+        error = None
+        if len(failures) == before:
+            try:
+                resolve_tools(refs)  # the set as a whole: two tools with one name
+            except ToolError as exc:
+                error = str(exc)
+                failures.append((i, error))
+        if report is not None:
+            report(i, len(refs), error)
+    return failures
+
+
+def main() -> int:
+    """``python -P -m agentd.validate``: tool ref lists (JSON) on stdin, one JSON line per ref on stdout.
+
+    Whatever a tool's import writes to stdout goes to stderr instead: stdout is the report.
+    """
+    report_fd = os.dup(1)
+    os.dup2(2, 1)
+    tool_lists = json.loads(sys.stdin.buffer.read())
+    with open(report_fd, "w", encoding="utf-8") as report:
+
+        def line(i: int, k: int, error: str | None) -> None:
+            report.write(json.dumps({"assistant": i, "tool": k, "error": error}) + "\n")
+            report.flush()  # a check cut off by its timeout still tells how far it got
+
+        resolve_tool_lists(tool_lists, line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
