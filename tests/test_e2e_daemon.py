@@ -424,3 +424,31 @@ def test_the_waiting_client_of_a_failed_commit_gets_503_with_the_turn(tmp_path: 
         error = response.json()["error"]
         assert error["turn"] == started["turn"] and "commit" in error["message"]
         assert daemon.turn(session, started["turn"])["status"] == "completed"
+
+
+def test_a_waiting_client_whose_turn_is_cut_by_shutdown_gets_503_naming_the_turn(tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    text = config(hold, supervisor='stop_grace = "500ms"')
+    daemon = Daemon(tmp_path, text).start()
+    try:
+        session = daemon.new_session("held")
+        events = daemon.events(session)
+        answers: list[Any] = []
+        waiter = threading.Thread(
+            target=lambda: answers.append(daemon.api("POST", f"/v1/sessions/{session}/messages", {"content": "cut"}))
+        )
+        waiter.start()
+        turn_id = events.wait("step.started")["turn"]
+        daemon.signal(signal.SIGTERM)
+        waiter.join(TIMEOUT)
+        assert daemon.wait_exit() == 1  # a turn had to be cut off
+    finally:
+        daemon.stop()
+    assert answers, "the waiting client was answered"
+    assert answers[0].status_code == 503, answers[0].text
+    error = answers[0].json()["error"]
+    assert error["code"] == "turn_cut" and error["turn"] == turn_id
+    hold.touch()
+    with running_daemon(tmp_path, text) as second:  # it re-runs at the next start, once
+        assert second.turn(session, turn_id)["status"] == "completed"
+        assert [e["content"] for e in user_entries(second, session, turn_id)] == ["cut"]

@@ -199,6 +199,7 @@ class Supervisor:
     async def stop(self) -> None:
         """Stop every child (kill ladder, no grace: the drain is over) and close every subscription."""
         self.stopping = True
+        self.runner.stop()
         await self.pool.stop(grace=0)
         for runtime in list(self.sessions.values()):
             runtime.close_subscribers()
@@ -623,7 +624,7 @@ class Supervisor:
 
     def _turn_result(self, turn: PendingTurn) -> MessageResult:
         if turn.record is None:  # stopped without ending: the daemon is shutting down
-            raise ApiError(503, "turn_cut", f"turn {turn.id}: {turn.cut or 'not finished'}", turn=turn.id)
+            raise ApiError(503, turn.cut_code, f"turn {turn.id}: {turn.cut or 'not finished'}", turn=turn.id)
         # The record as stored, so this answer and GET /v1/sessions show the same turn (same started_at).
         return MessageResult(turn=turn_view(turn.record), messages=turn.entries)
 

@@ -95,6 +95,16 @@ class TurnRunner:
         self._on_swap_acked = on_swap_acked
         self._on_turn_finished = on_turn_finished
         self._tg: anyio.abc.TaskGroup | None = None
+        self._stopped = anyio.Event()
+
+    @property
+    def stopping(self) -> bool:
+        """The daemon is stopping: commits are no longer retried (the turn re-runs at the next start)."""
+        return self._stopped.is_set()
+
+    def stop(self) -> None:
+        """Stop retrying commits."""
+        self._stopped.set()
 
     def attach(self, pool: Pool, tg: anyio.abc.TaskGroup) -> None:
         """Start serving: turns are driven as tasks of ``tg``, on ``pool``."""
@@ -363,13 +373,17 @@ class TurnRunner:
                     model=model,
                 )
             except StoreUnavailable as exc:
+                if self.stopping:  # the turn stays stored as pending: it re-runs at the next start
+                    return None
                 log.error(
                     "turn.commit_failed", session=runtime.id, turn=done.record.id, error=str(exc), retry_in=backoff
                 )
                 if not pending.done.is_set():
                     pending.cut = f"the store could not commit the turn ({exc}); it is retried and kept"
+                    pending.cut_code = "store_unavailable"
                     pending.done.set()
-                await anyio.sleep(backoff)
+                with anyio.move_on_after(backoff):
+                    await self._stopped.wait()  # a stop ends the wait at once
                 backoff = min(backoff * 2, COMMIT_RETRY_MAX)
             except StoreError as exc:
                 log.error("turn.commit_refused", session=runtime.id, turn=done.record.id, error=str(exc))

@@ -49,6 +49,7 @@ class PendingTurn:
     cancel_requested: bool = False
     # Set when it stopped without ending (the daemon is shutting down): the API answers 503 with this.
     cut: str | None = None
+    cut_code: str = "turn_cut"  # the API error code for ``cut``
 
     def __post_init__(self) -> None:
         if not self.budget_start:
