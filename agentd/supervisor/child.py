@@ -139,8 +139,10 @@ class ChildProcess:
     def signal(self, signum: signal.Signals) -> None:
         """Send a signal unless the process is already reaped."""
         if self.process.returncode is None:
+            # os.kill, not Popen.send_signal: the latter polls first and may reap the child itself,
+            # and then asyncio's watcher reports a made-up exit status 255.
             with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signum)
+                os.kill(self.process.pid, signum)
 
     async def stop(self, grace: float) -> int:
         """The kill ladder: Shutdown{grace} → SIGTERM → SIGKILL → reap. Returns the exit code."""

@@ -387,7 +387,8 @@ class Supervisor:
         children = [c for c in self.pool.children.values() if c.usable]
         # Older generations still waiting for acks are superseded (their children may be gone).
         self._awaiting_acks = {frame.generation: ({c.id for c in children}, time.monotonic())}
-        for child in children:
+
+        async def send(child: Child) -> None:
             if await child.send(frame):
                 log.info(
                     events.LOG_SWAP_SENT,
@@ -397,6 +398,10 @@ class Supervisor:
                     sessions=len(child.loaded),
                     policy=frame.policy.value,
                 )
+
+        async with anyio.create_task_group() as tg:  # all at once: one slow child delays no other
+            for child in children:
+                tg.start_soon(send, child)
         if not intelligence_changed:
             return [], 0
         hot = sessions_to_swap(

@@ -94,6 +94,7 @@ class Pool:
         self._room = anyio.Event()  # wakes placements waiting for room
         self._spawn_failures = 0
         self._stopping = False
+        self._next_idle_scan = 0.0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -138,7 +139,8 @@ class Pool:
                 child = await self._place(session_id, quarantined)
                 if child is None:
                     continue
-            await first_of(child.ready, child.gone)
+            if not child.ready.is_set():
+                await first_of(child.ready, child.gone)
             if child.usable:
                 return child
             child.loaded.discard(session_id)
@@ -265,7 +267,13 @@ class Pool:
             for _ in range(plan.spawn):
                 if not self._stopping:
                     self._start(ChildRole.STARTING)
-        await self._unload_idle()
+        # The idle scan visits every loaded session: at most once per interval (a turn's end wakes
+        # this loop, and per-turn work must not grow with the number of loaded sessions), but at
+        # once while a child drains.
+        now = time.monotonic()
+        if now >= self._next_idle_scan or any(c.role is ChildRole.DRAINING for c in self.children.values()):
+            self._next_idle_scan = now + self._idle_check_interval()
+            await self._unload_idle()
 
     async def _unload_idle(self) -> None:
         idle_unload = self._settings().idle_unload

@@ -40,7 +40,7 @@ from agentd.records import TurnRecord
 from agentd.store import CommittedTurn, Store, StoreError, StoreUnavailable
 from agentd.supervisor.blame import CrashVerdict, blame, quarantined, rerun_allowed
 from agentd.supervisor.child import Child
-from agentd.supervisor.pool import Pool, first_of
+from agentd.supervisor.pool import Pool
 from agentd.supervisor.session import PendingTurn, SessionRuntime
 from agentd.views import entry_from_message, turn_done_event
 
@@ -139,7 +139,7 @@ class TurnRunner:
             if child is None:  # the daemon is stopping: the turn stays stored and re-runs at the next start
                 if not turn.done.is_set():
                     turn.cut = SHUTDOWN_CUT
-                    turn.done.set()
+                    turn.mark_done()
                 return
             if await self._ended_meanwhile(runtime, turn, child):
                 return
@@ -172,7 +172,7 @@ class TurnRunner:
         if turn.cancel_requested:  # cancelled before it reached a child: it never starts
             await self.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled before it started")
             return
-        turn.child, turn.lost, turn.crashed = child, anyio.Event(), False
+        turn.child, turn.lost, turn.crashed, turn.settled = child, anyio.Event(), False, anyio.Event()
         # The deadline this run is sent with (a reload that changes it applies from the next run).
         deadline = self.running.config.limits.deadline
         turn.runs += 1
@@ -198,7 +198,7 @@ class TurnRunner:
                     )
                     return
                 with anyio.move_on_after(remaining):
-                    await first_of(turn.done, turn.lost)
+                    await turn.settled.wait()
         finally:
             child.in_flight.discard(runtime.id)
             if turn.child is child:
@@ -287,7 +287,7 @@ class TurnRunner:
         )
         if runtime.watched:
             runtime.publish(events.TURN_DONE, record.id, turn_done_event(record, turn.entries))
-        turn.done.set()
+        turn.mark_done()
         self._on_turn_finished()
         self.evict_if_cold(runtime)
 
@@ -304,11 +304,16 @@ class TurnRunner:
             case Event(name=name, turn=turn, data=data):
                 if name in (events.INTEL_WAITING, events.INTEL_RECOVERED):
                     runtime.intel_waiting = name == events.INTEL_WAITING
-                runtime.publish(name, turn, data)
+                if runtime.backlog is not None:  # after a TurnDone being committed: keep the order
+                    runtime.backlog.append((name, turn, data))
+                else:
+                    runtime.publish(name, turn, data)
             case TurnDone():
                 assert self._tg is not None
-                # Committed in a task of its own: this child's other sessions keep streaming meanwhile.
-                self._tg.start_soon(self._on_turn_done, runtime, child, frame)
+                # Committed in a task of its own: this child's other sessions keep streaming meanwhile;
+                # this session's later events wait in its backlog, so turn.done comes first.
+                runtime.backlog = []
+                self._tg.start_soon(self._on_turn_done_in_order, runtime, child, frame)
             case TurnDiscarded(turn=turn, attempt=attempt):
                 log.info(
                     events.LOG_TURN_DISCARDED, session=runtime.id, turn=turn, model=attempt.model, steps=attempt.steps
@@ -316,12 +321,11 @@ class TurnRunner:
                 if runtime.pending is not None and runtime.pending.id == turn:
                     runtime.pending.budget_start = time.time()  # restart-turn re-runs with a fresh budget
             case SwapApplied():
+                # Kept in memory only: a reload must not cost a store write per loaded session. The
+                # row catches up when the session is next loaded or its turn commits, and a session
+                # read from its row runs the current generation anyway (RFC 0006 §7).
                 runtime.generation, runtime.model = frame.generation, frame.model_to
                 self.metrics.swaps.labels(kind=frame.kind.value).inc()
-                await self._store_quietly(
-                    self.store.update_session(runtime.id, generation=frame.generation, model=frame.model_to),
-                    runtime.id,
-                )
             case Failed(turn=turn, error=error):
                 log.error("child.failed", child=child.id, session=runtime.id, turn=turn, error=error)
                 pending = runtime.pending
@@ -329,6 +333,14 @@ class TurnRunner:
                     await self.end_without_result(runtime, pending, TurnStatus.FAILED, error)
             case _:
                 raise ProtocolError(f"unexpected frame {type(frame).__name__!r} from child")
+
+    async def _on_turn_done_in_order(self, runtime: SessionRuntime, child: Child, done: TurnDone) -> None:
+        try:
+            await self._on_turn_done(runtime, child, done)
+        finally:
+            backlog, runtime.backlog = runtime.backlog or [], None
+            for name, turn, data in backlog:
+                runtime.publish(name, turn, data)
 
     async def _on_turn_done(self, runtime: SessionRuntime, child: Child, done: TurnDone) -> None:
         pending = runtime.pending
@@ -381,7 +393,7 @@ class TurnRunner:
                 if not pending.done.is_set():
                     pending.cut = f"the store could not commit the turn ({exc}); it is retried and kept"
                     pending.cut_code = "store_unavailable"
-                    pending.done.set()
+                    pending.mark_done()
                 with anyio.move_on_after(backoff):
                     await self._stopped.wait()  # a stop ends the wait at once
                 backoff = min(backoff * 2, COMMIT_RETRY_MAX)
@@ -411,8 +423,7 @@ class TurnRunner:
                 runtime.child = None
             pending = runtime.pending
             if pending is not None and pending.child is child:
-                pending.crashed = crashed
-                pending.lost.set()
+                pending.mark_lost(crashed=crashed)
             self.evict_if_cold(runtime)
 
     def swap_acked(self, child: Child, generation: int) -> None:

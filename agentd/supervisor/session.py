@@ -51,9 +51,23 @@ class PendingTurn:
     cut: str | None = None
     cut_code: str = "turn_cut"  # the API error code for ``cut``
 
+    # Set when the current run settles: the turn ended, or its child was lost (one wait for both).
+    settled: anyio.Event = field(default_factory=anyio.Event)
+
     def __post_init__(self) -> None:
         if not self.budget_start:
             self.budget_start = self.started_at
+
+    def mark_done(self) -> None:
+        """The turn has its answer (a result, or a reason it has none): its waiters go on."""
+        self.done.set()
+        self.settled.set()
+
+    def mark_lost(self, *, crashed: bool) -> None:
+        """The child running it ended before the turn did."""
+        self.crashed = crashed
+        self.lost.set()
+        self.settled.set()
 
 
 class SessionRuntime:
@@ -72,6 +86,8 @@ class SessionRuntime:
         self.crashes: tuple[float, ...] = ()  # monotonic times of crashes it was blamed for
         self.idle_since = time.monotonic()
         self.closing = False
+        # Events that arrived after a TurnDone still being committed; published after its turn.done.
+        self.backlog: list[tuple[str, str | None, dict[str, Any]]] | None = None
         self._subscribers: set[MemoryObjectSendStream[EventItem]] = set()
 
     @property
