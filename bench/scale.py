@@ -604,7 +604,6 @@ class Reload:
     reload_logged: float  # config.reload
     all_parked: float | None  # last intel.swap.parked (the held turns; None: no swap for them)
     all_applied: float  # last intel.swap.applied (the idle loaded sessions)
-    all_stored: float  # every idle loaded session's new generation read back from the store
 
 
 @dataclass
@@ -648,10 +647,8 @@ class Reloader:
         applied: dict[str, float] = {}
         acked: tuple[float, float] | None = None
         reload_logged: float | None = None
-        stored_at: float | None = None
         sent = time.time()
         os.kill(self.daemon.pid, signal.SIGHUP)
-        next_store_check = 0.0
         while True:
             for record in self.tail.records():
                 event = record.get("event")
@@ -668,17 +665,8 @@ class Reloader:
                         raise RuntimeError(f"reload to generation {generation} rejected: {record}")
                     reload_logged = log_time(record) - sent
             now = time.time()
-            if stored_at is None and now >= next_store_check:
-                if self.stored(generation) >= self.idle:
-                    stored_at = now - sent
-                next_store_check = now + 0.01
-            if (
-                acked is not None
-                and reload_logged is not None
-                and stored_at is not None
-                and len(parked) >= parks
-                and len(applied) >= self.idle
-            ):
+            # A swap is not written to each session's row (RFC 0006 §8): nothing to read back.
+            if acked is not None and reload_logged is not None and len(parked) >= parks and len(applied) >= self.idle:
                 break
             if now - sent > RELOAD_TIMEOUT:
                 raise RuntimeError(
@@ -693,7 +681,6 @@ class Reloader:
             reload_logged=reload_logged,
             all_parked=max(parked.values()) if parked else None,
             all_applied=max(applied.values(), default=0.0),
-            all_stored=stored_at,
         )
 
 
@@ -1000,13 +987,6 @@ def table_rows(pool: ModeRun, iso: ModeRun, args: argparse.Namespace) -> list[li
         "",
         _ms([r.all_applied for r in swaps_a], 50),
         _ms([r.all_applied for r in swaps_b], 50),
-        0,
-    )
-    add(
-        "5. SIGHUP → … and its generation stored, p50 (ms)",
-        "",
-        _ms([r.all_stored for r in swaps_a], 50),
-        _ms([r.all_stored for r in swaps_b], 50),
         0,
     )
     load_a, load_b = pool.load, iso.load
