@@ -86,7 +86,6 @@ class Pool:
         self._env = env
         self._owner = owner
         self.children: dict[str, Child] = {}
-        self.crashes = 0  # children that ended without being asked to
         self._replacing: list[int] = []  # restart counts carried to the children that replace crashed ones
         self._ids = itertools.count(1)
         self._tg: anyio.abc.TaskGroup | None = None
@@ -229,8 +228,7 @@ class Pool:
         crashed = child.ready.is_set() and child._stopping is None and not self._stopping
         if not child.ready.is_set():
             self._spawn_failures += 1
-        elif crashed:
-            self.crashes += 1
+        elif crashed:  # counted by the owner (agentd_child_crashes_total); the replacement carries it
             self._replacing.append(child.restarts + 1)
         loaded, in_flight = set(child.loaded), set(child.in_flight)
         child.loaded.clear()
