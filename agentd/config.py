@@ -109,6 +109,8 @@ Name = Annotated[
     str, msgspec.Meta(min_length=1, max_length=64 - len(TRANSFER_TOOL_PREFIX), pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 ]
 EnvVarName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+# A name, or a prefix ending in ``*`` ("OTEL_*"): what ``[supervisor] pass_env`` lets through to children.
+EnvVarPattern = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\*?$")]
 ToolRef = Annotated[str, msgspec.Meta(min_length=1, pattern=r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")]
 
 
@@ -160,6 +162,8 @@ class SupervisorSettings(_Section, frozen=True):
     max_children: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
     spare_children: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 1
     idle_unload: Seconds = 600.0
+    # Daemon environment variables children (and so tools) see beyond the base set (RFC 0006 §8).
+    pass_env: tuple[EnvVarPattern, ...] = ()
 
 
 class Transfer(_Section, frozen=True):

@@ -54,7 +54,7 @@ __all__ = [
     "encode_frames",
 ]
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: The most one logical frame may hold once its parts are joined (a long conversation's ``Open``).
 MAX_MESSAGE_BYTES = 1024 * 1024 * 1024
@@ -207,6 +207,15 @@ class TurnDone(_Frame, frozen=True, tag="turn_done", kw_only=True):
 # --------------------------------------------------------------------------- swaps
 
 
+class ChildEnv(msgspec.Struct, frozen=True, kw_only=True):
+    """Environment variables handed to a running child. Values may be secrets: the repr shows names only."""
+
+    values: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"ChildEnv(names={sorted(self.values)!r})"
+
+
 class SwapIntel(_Frame, frozen=True, tag="swap_intel", kw_only=True):
     """→ A reload changed intelligence. Carries every assistant's effective intelligence."""
 
@@ -217,6 +226,8 @@ class SwapIntel(_Frame, frozen=True, tag="swap_intel", kw_only=True):
     # The whole config of the generation (prompts, tools, transfers): a pooled child lives across
     # reloads, so each session takes it at its next turn. Unset = only intelligence and limits changed.
     config: Config | None = None
+    # Environment variables the generation names (api_key_env, pass_env) for children started earlier.
+    env: ChildEnv | None = None
 
 
 class SwapAck(_Frame, frozen=True, tag="swap_ack", kw_only=True):

@@ -39,6 +39,7 @@ from agentd.config import (
     parse_config,
     read_config_text,
 )
+from agentd.environment import child_environment
 
 __all__ = ["resolve_tool_lists", "tool_issues", "validate_config_file"]
 
@@ -55,7 +56,8 @@ def validate_config_file(
 
     Returns the config (None when any issue was found) and every issue. Tools are resolved even
     when the schema check failed, so one run shows every problem rather than one layer at a time.
-    ``environ`` is the environment children get (default: this process's, without the API token).
+    ``environ`` is the daemon's environment (default: this process's); tools are imported with the
+    part of it a child gets (agentd/environment.py).
     """
     try:
         text = read_config_text(path)
@@ -77,7 +79,9 @@ def validate_config_file(
         [ref for k, ref in enumerate(refs) if f"assistants[{i}].tools[{k}]" not in reported]
         for i, refs in enumerate(tool_lists)
     ]
-    issues.extend(tool_issues(usable, timeout=timeout, environ=environ))
+    # Tools are imported with exactly the environment a child would give them.
+    child_env = child_environment(os.environ if environ is None else environ, config or Config())
+    issues.extend(tool_issues(usable, timeout=timeout, environ=child_env))
     if config is not None and not issues:
         issues.extend(_frame_issues(config))
     return (config if not issues else None), issues

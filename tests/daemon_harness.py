@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,20 @@ def agentd_env(tmp: Path, **extra: str) -> dict[str, str]:
     env["AGENTD_TEST_GATE"] = str(tmp / "tool.gate")
     env.update(extra)
     return env
+
+
+#: Children see only an allowlist of the daemon's environment; test tools read AGENTD_TEST_* vars.
+TEST_PASS_ENV = 'pass_env = ["AGENTD_TEST_*"]'
+
+
+def passing_test_env(text: str) -> str:
+    """``text`` with ``[supervisor] pass_env`` letting AGENTD_TEST_* through, unless it sets pass_env."""
+    if re.search(r"^\s*pass_env\s*=", text, re.M):
+        return text
+    header = re.search(r"^\[supervisor\][^\n]*$", text, re.M)
+    if header is None:
+        return f"{text}\n[supervisor]\n{TEST_PASS_ENV}\n"
+    return f"{text[: header.end()]}\n{TEST_PASS_ENV}{text[header.end() :]}"
 
 
 class EventStream:
@@ -136,12 +151,16 @@ class Daemon:
         self.state_dir = state_dir or tmp / "state"
         self.config_path = tmp / "agentd.toml"
         if config_text is not None:
-            self.config_path.write_text(config_text)
+            self.write_config(config_text)
         self.args = args or []
         self.env = agentd_env(tmp, **(env or {}))
         self.log_path = tmp / f"agentd-{int(time.monotonic() * 1000)}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.client: httpx.Client | None = None
+
+    def write_config(self, text: str) -> None:
+        """Write the config file (for the start or a reload), letting the test tools' env through."""
+        self.config_path.write_text(passing_test_env(text))
 
     @property
     def socket(self) -> Path:

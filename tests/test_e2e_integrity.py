@@ -83,7 +83,7 @@ def test_a_reload_that_cannot_be_applied_whole_changes_nothing(
     with running_daemon(tmp_path, BASE) as daemon:
         session = daemon.new_session()
         assert daemon.send(session, "before")["turn"]["status"] == "completed"
-        daemon.config_path.write_text(text)
+        daemon.config_path.write_text(text)  # exactly this text: nothing added for the test tools
         result = daemon.json("POST", "/v1/reload", status=422)
         assert result["applied"] is False and result["generation"] == 1, result
         assert [e["path"] for e in result["errors"]] == [path], result
@@ -292,3 +292,44 @@ def test_a_lone_surrogate_in_a_message_gets_a_400_that_says_so(tmp_path: Path) -
             headers={"Content-Type": "application/json"},
         )
         assert paired.status_code == 200 and paired.json()["turn"]["status"] == "completed"
+
+
+ENV_CONFIG = """
+[supervisor]
+pass_env = ["AGENTD_TEST_*", "TOOL_SETTING"]
+
+[[assistants]]
+name = "main"
+first_message_mode = "assistant-waits-for-user"
+tools = ["tests.tooling:env_names"]
+intelligence = {{ api_key_env = "{key}" }}
+"""
+
+
+def _names_seen_by_tool(daemon: Any, session: str) -> set[str]:
+    turn = daemon.send(session, "call tool env_names")["turn"]
+    result = next(e for e in daemon.entries(session, turn["id"]) if e["role"] == "tool")
+    return set(result["content"].split())
+
+
+def test_children_see_only_the_environment_they_need(tmp_path: Path) -> None:
+    """A tool sees the base set, ``pass_env`` and the variables the config names; never the rest of
+    the daemon's environment. A reload that names a new variable hands it to running children."""
+    env = {
+        "CLOUD_SECRET": "must-not-leak",
+        "TOOL_SETTING": "on",
+        "PROVIDER_KEY": "first-key",
+        "LATER_KEY": "second-key",
+        "LC_TIME": "C",
+    }
+    with running_daemon(tmp_path, ENV_CONFIG.format(key="PROVIDER_KEY"), env=env) as daemon:
+        session = daemon.new_session()
+        seen = _names_seen_by_tool(daemon, session)
+        assert {"PATH", "PYTHONPATH", "LC_TIME", "TOOL_SETTING", "PROVIDER_KEY", "AGENTD_TEST_TOOL_LOG"} <= seen
+        assert "CLOUD_SECRET" not in seen and "LATER_KEY" not in seen
+        pid = daemon.session(session)["child"]
+        daemon.write_config(ENV_CONFIG.format(key="LATER_KEY"))
+        assert daemon.json("POST", "/v1/reload", {}, status=200)["generation"] == 2
+        seen = _names_seen_by_tool(daemon, session)
+        assert "LATER_KEY" in seen and "CLOUD_SECRET" not in seen
+        assert daemon.session(session)["child"] == pid  # the same child: the reload handed it the name

@@ -76,7 +76,7 @@ def test_a_mid_turn_swap_on_a_shared_child_swaps_only_the_changed_assistants_ses
         turns = held_turns(daemon, [a1, a2, b1])
         assert len({loaded_on(daemon, s) for s in (a1, a2, b1)}) == 1, "one child hosts all three"
 
-        daemon.config_path.write_text(pool_config(tmp_path, a_model="a-new", top=top))
+        daemon.write_config(pool_config(tmp_path, a_model="a-new", top=top))
         result = daemon.json("POST", "/v1/reload", status=200)
         assert sorted(result["swapped_sessions"]) == sorted([a1, a2]) and result["swapped_total"] == 2
         for session in (a1, a2):
@@ -109,9 +109,7 @@ def test_a_swap_while_a_session_is_being_loaded_reaches_it(tmp_path: Path) -> No
         session = daemon.new_session("a")
         turn_id = daemon.send(session, "hello", wait=False)["turn_id"]
         assert daemon.session(session)["child"] is None
-        daemon.config_path.write_text(
-            pool_config(tmp_path, a_model="a-new").replace('name = "b"\n', f'name = "b"\n{more}\n')
-        )
+        daemon.write_config(pool_config(tmp_path, a_model="a-new").replace('name = "b"\n', f'name = "b"\n{more}\n'))
         assert daemon.json("POST", "/v1/reload", status=200)["generation"] == 2
         gate.touch()
         turn = daemon.turn(session, turn_id)
@@ -130,7 +128,7 @@ def test_a_session_unloaded_across_two_reloads_loads_on_the_newest(tmp_path: Pat
         assert daemon.status()["sessions"]["loaded"] == 0
 
         for generation, model in ((2, "a-new"), (3, "a-newer")):
-            daemon.config_path.write_text(pool_config(tmp_path, a_model=model, supervisor=supervisor))
+            daemon.write_config(pool_config(tmp_path, a_model=model, supervisor=supervisor))
             result = daemon.json("POST", "/v1/reload", status=200)
             assert result["generation"] == generation and result["swapped_total"] == 1
             # Not loaded, so idle: it takes the swap at once, without a process.
@@ -249,7 +247,7 @@ def test_a_reload_that_shrinks_the_pool_drains_children_and_cuts_no_turn(tmp_pat
         turns = held_turns(daemon, sessions)
         assert len({loaded_on(daemon, s) for s in sessions}) == 3
         narrow = "children = 1\nsessions_per_child = 1\nmax_children = 1\nspare_children = 0"
-        daemon.config_path.write_text(pool_config(tmp_path, supervisor=narrow))
+        daemon.write_config(pool_config(tmp_path, supervisor=narrow))
         result = daemon.json("POST", "/v1/reload", status=200)
         assert "supervisor.max_children" in result["changed"]
         wait_until(
@@ -293,7 +291,7 @@ def test_a_stopped_child_cannot_hold_up_a_reload_that_sends_it_a_large_frame(tmp
         pid = loaded_on(daemon, session)
         os.kill(pid, signal.SIGSTOP)
         try:
-            daemon.config_path.write_text(text.replace('model = "a-old"', 'model = "a-new"'))
+            daemon.write_config(text.replace('model = "a-old"', 'model = "a-new"'))
             result = daemon.json("POST", "/v1/reload", status=200)  # answered, not stuck behind the child
             assert result["generation"] == 2
             daemon.wait_log("child.unresponsive", lambda d: d["pid"] == pid)

@@ -183,7 +183,7 @@ def test_finish_on_old_mid_turn_swap_against_ollama(tmp_path: Path) -> None:
         turn_id, events = start_turn(daemon, session)
         events.wait("step.started", lambda d: d["turn"] == turn_id and d["step"] == 1)
         assert server.wait_for_received(1, timeout=60)
-        daemon.config_path.write_text(ollama_config(NEW, [server.url], tools=("tests.tooling:record",)))
+        daemon.write_config(ollama_config(NEW, [server.url], tools=("tests.tooling:record",)))
         daemon.signal(signal.SIGHUP)
         parked = events.wait("swap.parked", lambda d: d["model_to"] == NEW)
         assert parked["model_from"] == OLD and parked["turn"] == turn_id
@@ -225,7 +225,7 @@ def test_restart_turn_mid_turn_swap_against_ollama(tmp_path: Path) -> None:
         turn_id, events = start_turn(daemon, session)
         events.wait("step.started", lambda d: d["turn"] == turn_id and d["step"] == 1)
         assert server.wait_for_received(1, timeout=60)
-        daemon.config_path.write_text(ollama_config(NEW, [server.url], tools=("tests.tooling:record",)))
+        daemon.write_config(ollama_config(NEW, [server.url], tools=("tests.tooling:record",)))
         daemon.signal(signal.SIGHUP)
         events.wait("swap.parked", lambda d: d["model_to"] == NEW)
         assert server.chat_requests[0].finished_at is None
@@ -313,7 +313,7 @@ def test_all_endpoints_down_ends_intel_unavailable_and_the_session_stays_usable(
         assert daemon.session(session)["state"] == "idle"
 
         with FakeOllama(default=Reply(content="back online")) as server:
-            daemon.config_path.write_text(ollama_config(OLD, [server.url], deadline="30s"))
+            daemon.write_config(ollama_config(OLD, [server.url], deadline="30s"))
             reload = daemon.json("POST", "/v1/reload", status=200)
             assert reload["applied"] is True and reload["swapped_sessions"] == [session]
             events.wait("swap.applied", lambda d: d["kind"] == "repoint")
@@ -339,7 +339,7 @@ def test_a_repoint_while_waiting_on_dead_endpoints_completes_the_same_turn(tmp_p
         turn_id, events = start_turn(daemon, session)
         events.wait("intel.waiting", lambda d: d["turn"] == turn_id)
         assert daemon.api("GET", "/v1/ready").status_code == 503
-        daemon.config_path.write_text(ollama_config(OLD, [server.url], deadline="45s"))
+        daemon.write_config(ollama_config(OLD, [server.url], deadline="45s"))
         daemon.signal(signal.SIGHUP)
         events.wait("swap.parked", lambda d: d["turn"] == turn_id and d["model_to"] == OLD)
         applied = events.wait("swap.applied", lambda d: d["turn"] == turn_id)
@@ -412,7 +412,7 @@ def test_the_api_key_appears_nowhere(tmp_path: Path) -> None:
         assert "401" in failed[1]["turn"]["error"]
         # A successful turn with a tool step; then a reload (a repoint: new options) and one more.
         assert turn("completed")["turn"]["steps"] == 2
-        daemon.config_path.write_text(openai_config(f"{server.url}/v1", "AGENTD_TEST_KEY", options="temperature = 0.2"))
+        daemon.write_config(openai_config(f"{server.url}/v1", "AGENTD_TEST_KEY", options="temperature = 0.2"))
         reload = api("POST", "/v1/reload")
         assert reload["applied"] is True and reload["swapped_sessions"] == [session]
         assert turn("completed")["turn"]["steps"] == 2

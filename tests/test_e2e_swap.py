@@ -67,7 +67,7 @@ def test_finish_on_old_keeps_the_in_flight_turn_on_the_old_model(tmp_path: Path)
     with running_daemon(tmp_path, config(options=f"steps = 2, {hold(gate)}")) as daemon:
         session = daemon.new_session()
         turn_id, events = start_held_turn(daemon, session)
-        daemon.config_path.write_text(config("new-model", options="steps = 2"))
+        daemon.write_config(config("new-model", options="steps = 2"))
         daemon.signal(signal.SIGHUP)
         events.wait("swap.parked", lambda d: d["model_to"] == "new-model")
         gate.touch()
@@ -100,7 +100,7 @@ def test_restart_turn_reruns_on_the_new_model(tmp_path: Path, how: str) -> None:
         assert daemon.status()["model_swap"] == {"policy": "restart-turn", "source": how.split()[0]}
         session = daemon.new_session()
         turn_id, events = start_held_turn(daemon, session)
-        daemon.config_path.write_text(config("new-model", options="steps = 1"))
+        daemon.write_config(config("new-model", options="steps = 1"))
         daemon.signal(signal.SIGHUP)
         events.wait("swap.parked", lambda d: d["model_to"] == "new-model")
         gate.touch()
@@ -126,7 +126,7 @@ def test_repoint_never_restarts_and_an_idle_session_swaps_at_once(tmp_path: Path
         busy, idle = daemon.new_session(), daemon.new_session()
         idle_events = daemon.events(idle)
         turn_id, events = start_held_turn(daemon, busy)
-        daemon.config_path.write_text(config(options=f"steps = 1, temperature = 0.3, {hold(gate)}"))
+        daemon.write_config(config(options=f"steps = 1, temperature = 0.3, {hold(gate)}"))
         daemon.signal(signal.SIGHUP)
         applied_idle = idle_events.wait("swap.applied")
         assert applied_idle["kind"] == "repoint" and applied_idle["turn"] is None
@@ -137,7 +137,7 @@ def test_repoint_never_restarts_and_an_idle_session_swaps_at_once(tmp_path: Path
         assert turn["restarts"] == 0 and turn["discarded"] == []
         assert tool_log(tmp_path) == ["record step 1"]
         # An idle session on restart-turn with a model change swaps at once too.
-        daemon.config_path.write_text(config("new-model", options="steps = 1"))
+        daemon.write_config(config("new-model", options="steps = 1"))
         daemon.signal(signal.SIGHUP)
         applied = idle_events.wait("swap.applied", lambda d: d["model_to"] == "new-model")
         assert applied["kind"] == "model" and applied["turn"] is None
@@ -150,7 +150,7 @@ def test_a_reload_swaps_only_the_sessions_of_the_changed_assistant(tmp_path: Pat
         on_main, on_other = daemon.new_session("main"), daemon.new_session("other")
         daemon.send(on_main, "hi")
         daemon.send(on_other, "hi")
-        daemon.config_path.write_text(config("new-main", more=other))
+        daemon.write_config(config("new-main", more=other))
         result = daemon.json("POST", "/v1/reload", status=200)
         assert result["applied"] is True and result["generation"] == 2
         assert result["swapped_sessions"] == [on_main]
@@ -164,7 +164,7 @@ def test_a_reload_swaps_only_the_sessions_of_the_changed_assistant(tmp_path: Pat
 def test_an_invalid_reload_is_rejected_and_the_old_model_still_serves(tmp_path: Path) -> None:
     with running_daemon(tmp_path, config()) as daemon:
         session = daemon.new_session()
-        daemon.config_path.write_text(config(top='model_swap = "sometimes"', more="bogus = 1"))
+        daemon.write_config(config(top='model_swap = "sometimes"', more="bogus = 1"))
         response = daemon.api("POST", "/v1/reload")
         assert response.status_code == 422
         body = response.json()
@@ -186,9 +186,9 @@ def test_fifty_sighups_while_turns_run(tmp_path: Path) -> None:
         sessions = [daemon.new_session() for _ in range(3)]
         turns = [(s, daemon.send(s, "busy", wait=False)["turn_id"]) for s in sessions]
         for i in range(50):
-            daemon.config_path.write_text(config(f"model-{i}", options="steps = 2, delay_ms = 20"))
+            daemon.write_config(config(f"model-{i}", options="steps = 2, delay_ms = 20"))
             daemon.signal(signal.SIGHUP)
-        daemon.config_path.write_text(config("final-model", options="steps = 2, delay_ms = 20"))
+        daemon.write_config(config("final-model", options="steps = 2, delay_ms = 20"))
         final = daemon.json("POST", "/v1/reload", status=200)
         assert daemon.json("GET", "/v1/health", status=200) == {"status": "ok"}
         for session, turn_id in turns:
@@ -224,7 +224,7 @@ def test_watch_config_reloads_when_the_file_changes(tmp_path: Path) -> None:
     with running_daemon(tmp_path, config(), args=["--watch-config"]) as daemon:
         session = daemon.new_session()
         events = daemon.events(session)
-        daemon.config_path.write_text(config("watched-model"))
+        daemon.write_config(config("watched-model"))
         events.wait("swap.applied", lambda d: d["model_to"] == "watched-model")
         assert daemon.status()["generation"] == 2
         assert daemon.log_events("config.watch"), "the reload was triggered by the file watch"
@@ -233,7 +233,7 @@ def test_watch_config_reloads_when_the_file_changes(tmp_path: Path) -> None:
 def test_restart_only_fields_are_reported_and_kept(tmp_path: Path) -> None:
     with running_daemon(tmp_path, config()) as daemon:
         moved = f'[server]\nstate_dir = "{tmp_path / "elsewhere"}"\n'
-        daemon.config_path.write_text(moved + config("new-model"))
+        daemon.write_config(moved + config("new-model"))
         result = daemon.json("POST", "/v1/reload", status=200)
         assert result["restart_required"] == ["server.state_dir"]
         assert result["applied"] is True and "intelligence.model" in result["changed"]
@@ -243,7 +243,7 @@ def test_restart_only_fields_are_reported_and_kept(tmp_path: Path) -> None:
 def test_reloads_that_would_strand_sessions_or_cannot_be_read_are_rejected(tmp_path: Path) -> None:
     with running_daemon(tmp_path, config()) as daemon:
         session = daemon.new_session()
-        daemon.config_path.write_text(config().replace('name = "main"', 'name = "renamed"'))
+        daemon.write_config(config().replace('name = "main"', 'name = "renamed"'))
         rejected = daemon.api("POST", "/v1/reload")
         assert rejected.status_code == 422
         assert any(e["path"] == "assistants" and "'main'" in e["message"] for e in rejected.json()["errors"])
@@ -262,7 +262,7 @@ def test_a_limits_only_reload_reaches_running_children(tmp_path: Path) -> None:
     with running_daemon(tmp_path, config(options="steps = 3")) as daemon:
         session = daemon.new_session()
         assert daemon.send(session, "first")["turn"]["status"] == "completed"
-        daemon.config_path.write_text(config(options="steps = 3") + "\n[limits]\nmax_steps = 1\n")
+        daemon.write_config(config(options="steps = 3") + "\n[limits]\nmax_steps = 1\n")
         result = daemon.json("POST", "/v1/reload", status=200)
         assert result["changed"] == ["limits.max_steps"] and result["swapped_sessions"] == []
         daemon.wait_log("intel.swap.fanout_acked", lambda r: r["generation"] == 2)

@@ -87,7 +87,7 @@ def test_transfer_then_swap_the_destination_mid_turn(tmp_path: Path, mode: str) 
         # A reload changes billing's model while billing's turn is held mid-call → the turn re-runs on it.
         turn_id = daemon.send(session, "what do I owe?", wait=False)["turn_id"]
         events.wait("step.started", lambda d: d["turn"] == turn_id)
-        daemon.config_path.write_text(squad(mode, billing_model="billing-large"))
+        daemon.write_config(squad(mode, billing_model="billing-large"))
         daemon.signal(signal.SIGHUP)
         events.wait("swap.parked", lambda d: d["model_to"] == "billing-large")
         gate.touch()

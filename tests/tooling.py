@@ -53,3 +53,9 @@ async def block_child(label: str = "") -> str:
     _log(f"block_child {label}")
     time.sleep(3600)
     return "unreachable"
+
+
+@side_effect_free
+def env_names(label: str = "") -> str:
+    """The names (never the values) of the environment variables the tool can see."""
+    return " ".join(sorted(os.environ))

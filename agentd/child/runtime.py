@@ -7,6 +7,7 @@ by the channel. A closed channel means the supervisor is gone: the child exits.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import anyio
@@ -132,6 +133,8 @@ class ChildRuntime:
         await self.send(SwapAck(generation=frame.generation))
         self.generation, self.policy, self.limits = frame.generation, frame.policy, frame.limits
         self.intelligence = {**self.intelligence, **frame.intelligence}
+        if frame.env is not None:
+            os.environ.update(frame.env.values)  # before providers and tools of the generation start
         if frame.config is not None:
             self._adopt_config(frame.config)
         for session in list(self.sessions.values()):

@@ -32,9 +32,10 @@ from agentd.config import (
     quickstart_config,
     resolve_swap_policy,
 )
+from agentd.environment import child_environment, passed_through
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
-from agentd.protocol import Cancel, Spawn, SwapIntel, Watch
+from agentd.protocol import Cancel, ChildEnv, Spawn, SwapIntel, Watch
 from agentd.records import SessionState
 from agentd.store import Store, StoredSession, StoreError, StoreUnavailable, UnknownSession
 from agentd.supervisor.child import Child
@@ -213,8 +214,8 @@ class Supervisor:
     # ------------------------------------------------------------------ what children are given
 
     def child_env(self) -> dict[str, str]:
-        """The environment a child starts with."""
-        env = {k: v for k, v in os.environ.items() if k != "AGENTD_API_TOKEN"}  # tools need no API token
+        """The environment a child starts with: an allowlist, never the daemon's whole environment."""
+        env = child_environment(os.environ, self.config)
         env["AGENTD_LOG_LEVEL"] = self.options.log_level
         return env
 
@@ -230,6 +231,7 @@ class Supervisor:
             intelligence=intelligence_map(self.config),
             limits=self.config.limits,
             config=self.config,
+            env=ChildEnv(values=passed_through(os.environ, self.config)),
         )
 
     def model_of(self, assistant: str, fallback: str) -> str:

@@ -1,0 +1,68 @@
+"""What a child process (and the tool check that imports a child's tools) may see of the daemon's
+environment (RFC 0006 §8).
+
+A child runs third-party tool code, so it gets an allowlist, not the daemon's whole environment:
+the variables a Python process and an HTTP client need (``BASE_NAMES``, ``LC_*``), the operator's
+``[supervisor] pass_env`` names and patterns, and the variables the config itself names
+(``api_key_env``). Everything else — the API token, cloud credentials, the store password — stays
+in the supervisor. Pure functions over a mapping, so they are tested without processes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+
+from agentd.config import Config
+
+#: Always passed when set: the interpreter, locale, temp dir, CA bundle and proxy settings.
+BASE_NAMES: frozenset[str] = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "PYTHONPATH",
+        "VIRTUAL_ENV",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "no_proxy",
+    }
+)
+BASE_PATTERNS: tuple[str, ...] = ("LC_*",)
+
+
+def named_by(config: Config) -> frozenset[str]:
+    """The environment variables the config names as secrets a child reads (``api_key_env``)."""
+    names = {config.intelligence.api_key_env}
+    names.update(a.intelligence.api_key_env for a in config.assistants if a.intelligence is not None)
+    return frozenset(name for name in names if name)
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def passed_through(environ: Mapping[str, str], config: Config) -> dict[str, str]:
+    """The variables a config asks for beyond the base: ``pass_env`` matches and the names it uses.
+    This is what a reload hands running children (they were started with an earlier config)."""
+    named = named_by(config)
+    patterns = config.supervisor.pass_env
+    return {k: v for k, v in environ.items() if k in named or _matches(k, patterns)}
+
+
+def child_environment(environ: Mapping[str, str], config: Config) -> dict[str, str]:
+    """The whole environment a child process starts with under ``config``."""
+    base = {k: v for k, v in environ.items() if k in BASE_NAMES or _matches(k, BASE_PATTERNS)}
+    return {**base, **passed_through(environ, config)}

@@ -1,0 +1,88 @@
+"""What a child sees of the daemon's environment (agentd/environment.py, RFC 0006 §9)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentd.config import ConfigError, parse_config
+from agentd.environment import child_environment, named_by, passed_through
+
+DAEMON_ENV = {
+    "PATH": "/usr/bin",
+    "HOME": "/home/agentd",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONPATH": "/opt/tools",
+    "HTTPS_PROXY": "http://proxy:3128",
+    "AGENTD_API_TOKEN": "api-token",
+    "AWS_SECRET_ACCESS_KEY": "cloud",
+    "OPENAI_KEY": "sk-openai",
+    "BILLING_KEY": "sk-billing",
+    "OTEL_EXPORTER": "otlp",
+    "OTEL_SERVICE_NAME": "agentd",
+    "TOOL_DB_URL": "postgres://tools",
+}
+
+CONFIG = """
+[intelligence]
+provider = "openai"
+endpoints = ["http://llm:8000/v1"]
+model = "m"
+api_key_env = "OPENAI_KEY"
+
+[supervisor]
+pass_env = ["OTEL_*", "TOOL_DB_URL", "NOT_SET"]
+
+[[assistants]]
+name = "main"
+
+[[assistants]]
+name = "billing"
+intelligence = { api_key_env = "BILLING_KEY" }
+"""
+
+
+def test_a_child_gets_the_base_set_the_named_keys_and_pass_env_only() -> None:
+    env = child_environment(DAEMON_ENV, parse_config(CONFIG))
+    assert env == {
+        "PATH": "/usr/bin",
+        "HOME": "/home/agentd",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONPATH": "/opt/tools",
+        "HTTPS_PROXY": "http://proxy:3128",
+        "OPENAI_KEY": "sk-openai",
+        "BILLING_KEY": "sk-billing",
+        "OTEL_EXPORTER": "otlp",
+        "OTEL_SERVICE_NAME": "agentd",
+        "TOOL_DB_URL": "postgres://tools",
+    }
+
+
+def test_the_default_config_passes_no_secret() -> None:
+    env = child_environment(DAEMON_ENV, parse_config('[[assistants]]\nname = "a"\n'))
+    assert set(env) == {"PATH", "HOME", "LC_ALL", "PYTHONPATH", "HTTPS_PROXY"}
+
+
+def test_a_reload_hands_over_what_the_config_asks_for_beyond_the_base() -> None:
+    passed = passed_through(DAEMON_ENV, parse_config(CONFIG))
+    assert set(passed) == {"OPENAI_KEY", "BILLING_KEY", "OTEL_EXPORTER", "OTEL_SERVICE_NAME", "TOOL_DB_URL"}
+    assert named_by(parse_config(CONFIG)) == {"OPENAI_KEY", "BILLING_KEY"}
+
+
+@pytest.mark.parametrize("pattern", ["*", "OTEL_*_X", "A B", "", "1ABC", "OTEL*X"])
+def test_pass_env_accepts_names_and_trailing_star_prefixes_only(pattern: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config(f'[supervisor]\npass_env = ["{pattern}"]\n[[assistants]]\nname = "a"\n')
+    assert "supervisor.pass_env" in str(error.value)
+
+
+def test_the_frame_that_carries_the_values_shows_only_their_names() -> None:
+    from agentd.config import Intelligence, SwapPolicy
+    from agentd.protocol import ChildEnv, SwapIntel
+
+    frame = SwapIntel(
+        generation=2,
+        policy=SwapPolicy.FINISH_ON_OLD,
+        intelligence={"a": Intelligence()},
+        env=ChildEnv(values={"OPENAI_KEY": "sk-secret-value"}),
+    )
+    assert "OPENAI_KEY" in repr(frame) and "sk-secret-value" not in repr(frame)
