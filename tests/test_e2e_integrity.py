@@ -26,7 +26,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.daemon_harness import TIMEOUT, agentd_env, child_pids_of, free_port, running_daemon, wait_until
+from tests.daemon_harness import (
+    TIMEOUT,
+    Daemon,
+    agentd_env,
+    child_pids_of,
+    free_port,
+    running_daemon,
+    wait_until,
+)
 from tests.fakes import FakeOllama, RecordedRequest, Reply, drop_mid_stream, status, truncated
 
 pytestmark = pytest.mark.e2e
@@ -333,3 +341,22 @@ def test_children_see_only_the_environment_they_need(tmp_path: Path) -> None:
         seen = _names_seen_by_tool(daemon, session)
         assert "LATER_KEY" in seen and "CLOUD_SECRET" not in seen
         assert daemon.session(session)["child"] == pid  # the same child: the reload handed it the name
+
+
+def test_a_module_in_the_working_directory_cannot_shadow_one_in_children(tmp_path: Path) -> None:
+    """Children run ``python -P``: a ``json.py`` where the daemon was started is never imported by
+    them (it used to kill every child). The daemon runs as its console script, as installed."""
+    (tmp_path / "json.py").write_text("raise SystemExit('a json.py from the working directory was imported')\n")
+    daemon = Daemon(tmp_path, BASE)
+    module_form = daemon.command()
+    assert module_form[1:3] == ["-m", "agentd"]
+    script = Path(sys.executable).with_name("agentd")
+    daemon.command = lambda: [str(script), *module_form[3:]]  # type: ignore[method-assign]
+    try:
+        daemon.start()
+        session = daemon.new_session()
+        assert daemon.send(session, "call tool record")["turn"]["status"] == "completed"
+        assert daemon.status()["children"], "no child is running"
+        assert "json.py from the working directory" not in daemon.log_text()
+    finally:
+        daemon.stop()
