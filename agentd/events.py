@@ -54,6 +54,7 @@ LOG_SWAP_ACKED: Final = "intel.swap.acked"  # debug: one child acknowledged
 LOG_SWAP_FANOUT_ACKED: Final = "intel.swap.fanout_acked"  # every child a reload reached has acknowledged
 LOG_SWAP_PARKED: Final = "intel.swap.parked"
 LOG_SWAP_APPLIED: Final = "intel.swap.applied"
+LOG_SWAP_APPLIED_IDLE: Final = "intel.swap.applied_idle"  # one line per child: its idle sessions swapped at once
 LOG_TURN_RESTARTED: Final = "turn.restarted"
 LOG_TURN_DONE: Final = "turn.done"
 LOG_TURN_DISCARDED: Final = "turn.discarded"

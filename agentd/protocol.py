@@ -26,6 +26,7 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSION",
+    "AppliedSwap",
     "Cancel",
     "Close",
     "Event",
@@ -46,6 +47,7 @@ __all__ = [
     "SwapIntel",
     "SwapKind",
     "SwapPolicy",
+    "SwapsApplied",
     "TurnDiscarded",
     "TurnDone",
     "Watch",
@@ -248,6 +250,23 @@ class SwapApplied(_Frame, frozen=True, tag="swap_applied", kw_only=True):
     turn: str | None = None
 
 
+class AppliedSwap(msgspec.Struct, frozen=True, kw_only=True):
+    """One idle session's swap, inside ``SwapsApplied``."""
+
+    session: str
+    kind: SwapKind
+    model_from: str
+    model_to: str
+
+
+class SwapsApplied(_Frame, frozen=True, tag="swaps_applied", kw_only=True):
+    """← The idle sessions that swapped at once on a SwapIntel: one frame per child per reload."""
+
+    generation: int
+    policy: SwapPolicy
+    applied: tuple[AppliedSwap, ...]
+
+
 class Part(_Frame, tag="part", frozen=True, kw_only=True):
     """↔ One piece of a frame whose payload exceeds ``MAX_FRAME_BYTES``; ``last`` ends it.
 
@@ -277,6 +296,7 @@ Frame = (
     | SwapIntel
     | SwapAck
     | SwapApplied
+    | SwapsApplied
     | Part
 )
 

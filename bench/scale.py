@@ -645,6 +645,7 @@ class Reloader:
         self.tail.records()  # skip what came before
         parked: dict[str, float] = {}
         applied: dict[str, float] = {}
+        idle_applied: dict[str, tuple[int, float]] = {}  # child → (sessions it swapped at once, when)
         acked: tuple[float, float] | None = None
         reload_logged: float | None = None
         sent = time.time()
@@ -660,18 +661,21 @@ class Reloader:
                     parked[str(record["session"])] = log_time(record) - sent
                 elif event == "intel.swap.applied":
                     applied[str(record["session"])] = log_time(record) - sent
+                elif event == "intel.swap.applied_idle":
+                    idle_applied[str(record["child"])] = (int(record["sessions"]), log_time(record) - sent)
                 elif event == "config.reload":
                     if not record.get("applied"):
                         raise RuntimeError(f"reload to generation {generation} rejected: {record}")
                     reload_logged = log_time(record) - sent
             now = time.time()
             # A swap is not written to each session's row (RFC 0006 §8): nothing to read back.
-            if acked is not None and reload_logged is not None and len(parked) >= parks and len(applied) >= self.idle:
+            swapped = len(applied) + sum(n for n, _ in idle_applied.values())
+            if acked is not None and reload_logged is not None and len(parked) >= parks and swapped >= self.idle:
                 break
             if now - sent > RELOAD_TIMEOUT:
                 raise RuntimeError(
                     f"generation {generation} not settled after {RELOAD_TIMEOUT:g}s: acked {acked}, "
-                    f"parked {len(parked)}/{parks}, applied {len(applied)}/{self.idle}, "
+                    f"parked {len(parked)}/{parks}, applied {swapped}/{self.idle}, "
                     f"stored {self.stored(generation)}/{self.idle} (log {self.daemon.log_path})"
                 )
             time.sleep(0.002)
@@ -680,7 +684,7 @@ class Reloader:
             acked_logged=acked[1],
             reload_logged=reload_logged,
             all_parked=max(parked.values()) if parked else None,
-            all_applied=max(applied.values(), default=0.0),
+            all_applied=max([*applied.values(), *(t for _, t in idle_applied.values())], default=0.0),
         )
 
 

@@ -32,6 +32,7 @@ from agentd.protocol import (
     Spawn,
     SwapAck,
     SwapApplied,
+    SwapsApplied,
     SwapKind,
     TurnDiscarded,
     TurnDone,
@@ -155,7 +156,7 @@ async def test_transcript_survives_a_swap(tmp_path: Path) -> None:
         await child.say("one two three", "t1")
         first = await child.expect(TurnDone)
         await child.send(child.swap(cfg("model-b"), 2, FINISH))
-        await child.expect(SwapApplied)
+        await child.expect(SwapsApplied)
         await child.say("four", "t2")
         second = await child.expect(TurnDone)
         # The scripted model counts every history word as an input token.
@@ -170,10 +171,12 @@ async def test_idle_session_applies_swap_at_once(tmp_path: Path) -> None:
         await child.open()
         await child.send(child.swap(cfg("model-b"), 2, RESTART))
         ack = await child.expect(SwapAck)
-        applied = await child.expect(SwapApplied)
-        assert ack.generation == applied.generation == 2
-        assert applied.turn is None
-        assert (applied.model_from, applied.model_to) == ("old-model", "model-b")
+        batch = await child.expect(SwapsApplied)
+        assert ack.generation == batch.generation == 2
+        [applied] = batch.applied
+        assert (applied.session, applied.model_from, applied.model_to) == ("s1", "old-model", "model-b")
+        await child.event("swap.applied", lambda e: e.turn is None and e.data["model_to"] == "model-b")
+        assert not child.of(SwapApplied), "an idle session's swap is reported in the child's one batch"
 
 
 async def test_restart_turn_discards_and_reruns_without_starting_requested_tools(tmp_path: Path) -> None:
@@ -289,7 +292,7 @@ async def test_swap_of_another_assistant_leaves_the_session_alone(tmp_path: Path
         await child.expect(SwapAck)
         await child.send(Ping(seq=2))  # frames are handled in order: anything applied is sent before this Pong
         await child.expect(Pong)
-        assert not child.of(SwapApplied)
+        assert not child.of(SwapApplied) and not child.of(SwapsApplied)
         await child.say("hi", "t1")
         assert assistant_models(await child.expect(TurnDone)) == ["old-model"]
 

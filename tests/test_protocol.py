@@ -31,6 +31,7 @@ from agentd.messages import AssistantMessage, SystemMessage, ToolCall, ToolResul
 from agentd.protocol import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    AppliedSwap,
     Cancel,
     ChildEnv,
     Close,
@@ -49,6 +50,7 @@ from agentd.protocol import (
     Spawn,
     SwapAck,
     SwapApplied,
+    SwapsApplied,
     SwapIntel,
     SwapKind,
     TurnDiscarded,
@@ -191,6 +193,11 @@ def _samples() -> list[Any]:
             policy=SwapPolicy.RESTART_TURN,
             turn="t-3",
         ),
+        SwapsApplied(
+            generation=4,
+            policy=SwapPolicy.RESTART_TURN,
+            applied=(AppliedSwap(session="s-2", kind=SwapKind.MODEL, model_from="qwen3-8b", model_to="qwen3-32b"),),
+        ),
     ]
 
 
@@ -229,7 +236,7 @@ def test_golden_fixture(sample: Any) -> None:
 
 def test_every_frame_type_has_a_sample_and_a_fixture() -> None:
     """Adding a frame to the Frame union without a sample and a golden fixture fails here."""
-    assert len(FRAME_TYPES) == 18
+    assert len(FRAME_TYPES) == 19
     sampled = {type(s) for s in SAMPLES}
     missing_samples = [cls.__name__ for cls in FRAME_TYPES if cls not in sampled]
     assert not missing_samples, f"frame types without a golden sample: {missing_samples}"

@@ -18,6 +18,7 @@ from agentd.child.turn import run_turn
 from agentd.config import Config, Intelligence, intelligence_map
 from agentd.obs import get_logger
 from agentd.protocol import (
+    AppliedSwap,
     Cancel,
     Close,
     Failed,
@@ -32,6 +33,7 @@ from agentd.protocol import (
     Spawn,
     SwapAck,
     SwapIntel,
+    SwapsApplied,
     Watch,
 )
 from agentd.tools import Tool, resolve_tools
@@ -137,8 +139,36 @@ class ChildRuntime:
             os.environ.update(frame.env.values)  # before providers and tools of the generation start
         if frame.config is not None:
             self._adopt_config(frame.config)
+        applied: list[AppliedSwap] = []
         for session in list(self.sessions.values()):
-            await session.park(frame)
+            if session.running:
+                await session.park(frame)  # applied at the turn's next boundary
+                continue
+            # Idle: its boundary is now. All idle sessions swap in one pass and one frame, so a
+            # reload costs a child one message, not one per session (RFC 0006 §8).
+            session.parked = frame
+            swap = session.adopt_parked()
+            if swap is None:
+                continue
+            applied.append(swap)
+            await session.emit(
+                events.SWAP_APPLIED,
+                None,
+                generation=frame.generation,
+                kind=swap.kind.value,
+                model_from=swap.model_from,
+                model_to=swap.model_to,
+                policy=frame.policy.value,
+            )
+        if applied:
+            log.info(
+                events.LOG_SWAP_APPLIED_IDLE,
+                child=self.child_id,
+                generation=frame.generation,
+                sessions=len(applied),
+                policy=frame.policy.value,
+            )
+            await self.send(SwapsApplied(generation=frame.generation, policy=frame.policy, applied=tuple(applied)))
 
     def _adopt_config(self, config: Config) -> None:
         """A new generation's prompts, tools and transfers: sessions opened from now on, and each

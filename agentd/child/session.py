@@ -17,7 +17,7 @@ from agentd.config import Assistant, Config, Intelligence, Limits, SwapPolicy
 from agentd.intel import Provider, build_provider
 from agentd.messages import Message
 from agentd.obs import get_logger
-from agentd.protocol import Event, Frame, SwapApplied, SwapIntel, SwapKind
+from agentd.protocol import AppliedSwap, Event, Frame, SwapApplied, SwapIntel, SwapKind
 from agentd.swap import classify_swap, restart_due
 
 __all__ = ["ChildSession", "SendFrame"]
@@ -52,6 +52,7 @@ class ChildSession:
         self.limits = limits
         self.intelligence = dict(intelligence)
         self.provider: Provider = build_provider(self.current_intelligence)
+        self.provider_stale = False  # a swap was adopted while idle: rebuild before the next call
         self.parked: SwapIntel | None = None
         self.turn_id: str | None = None
         self.turn_scope: anyio.CancelScope | None = None
@@ -79,7 +80,8 @@ class ChildSession:
             await self.send(Event(session=self.id, turn=turn, name=event, data=data))
 
     async def park(self, frame: SwapIntel) -> None:
-        """Put a swap in the slot (latest wins). An idle session applies it at once."""
+        """Put a swap in the slot (latest wins) of a session with a turn in flight; it is applied at
+        the turn's next boundary. Idle sessions are swapped by the runtime, all at once (``adopt_parked``)."""
         self.parked = frame
         # Wake whoever waits for a park, and give the next wait a fresh event.
         self.swap_parked_event.set()
@@ -121,8 +123,12 @@ class ChildSession:
         target = self.parked.intelligence.get(self.assistant, self.current_intelligence)
         return classify_swap(self.current_intelligence, target) is SwapKind.REPOINT
 
-    async def apply_parked(self, turn: str | None) -> SwapKind | None:
-        """Drain the slot: adopt the new generation and, if this session's intelligence changed, rebuild its client."""
+    def adopt_parked(self) -> AppliedSwap | None:
+        """Drain the slot: adopt the new generation; what swapped, if this session's intelligence changed.
+
+        No I/O: the provider client is rebuilt at the session's next turn (``ready_provider``), so a
+        reload costs a child no client teardown per idle session.
+        """
         frame, self.parked = self.parked, None
         if frame is None:
             return None
@@ -139,15 +145,25 @@ class ChildSession:
         kind = classify_swap(old, new)
         if kind is None:
             return None
-        await self.replace_provider()
+        self.provider_stale = True
+        return AppliedSwap(session=self.id, kind=kind, model_from=old.model, model_to=new.model)
+
+    async def apply_parked(self, turn: str | None) -> SwapKind | None:
+        """At a turn boundary: drain the slot and report the swap (log, ``swap_applied``, event)."""
+        frame = self.parked
+        applied = self.adopt_parked()
+        if frame is None or applied is None:
+            return None
+        kind, old, new = applied.kind, applied.model_from, applied.model_to
+        await self.ready_provider()
         log.info(
             events.LOG_SWAP_APPLIED,
             session=self.id,
             turn=turn,
             generation=frame.generation,
             kind=kind.value,
-            model_from=old.model,
-            model_to=new.model,
+            model_from=old,
+            model_to=new,
             policy=frame.policy.value,
         )
         await self.send(
@@ -155,8 +171,8 @@ class ChildSession:
                 session=self.id,
                 generation=frame.generation,
                 kind=kind,
-                model_from=old.model,
-                model_to=new.model,
+                model_from=old,
+                model_to=new,
                 policy=frame.policy,
                 turn=turn,
             )
@@ -166,15 +182,21 @@ class ChildSession:
             turn,
             generation=frame.generation,
             kind=kind.value,
-            model_from=old.model,
-            model_to=new.model,
+            model_from=old,
+            model_to=new,
             policy=frame.policy.value,
         )
         return kind
 
+    async def ready_provider(self) -> None:
+        """Rebuild the provider client if a swap adopted while idle left it stale."""
+        if self.provider_stale:
+            await self.replace_provider()
+
     async def replace_provider(self) -> None:
         """A fresh client for the current intelligence (fresh endpoint health)."""
         old, self.provider = self.provider, build_provider(self.current_intelligence)
+        self.provider_stale = False
         with anyio.CancelScope(shield=True):
             await old.aclose()
 

@@ -380,6 +380,7 @@ async def run_turn(
     session.turn_id = turn
     try:
         await session.apply_parked(turn)  # the top of the turn is a boundary
+        await session.ready_provider()  # a swap adopted while idle rebuilt nothing yet
         base = list(session.transcript) + ([message] if message else [])
         await session.emit(
             events.TURN_STARTED, turn, assistant=session.assistant, model=session.current_intelligence.model

@@ -41,6 +41,7 @@ from agentd.protocol import (
     Shutdown,
     Spawn,
     SwapAck,
+    SwapsApplied,
 )
 from agentd.supervisor.placement import ChildRole, ChildSnapshot
 
@@ -182,6 +183,9 @@ class FrameSink(Protocol):
     def swap_acked(self, child: Child, generation: int) -> None:
         """The child acknowledged the SwapIntel of ``generation``."""
 
+    def swaps_applied(self, child: Child, frame: SwapsApplied) -> None:
+        """The child's idle sessions swapped at once (one frame for all of them)."""
+
 
 class Child:
     """One pooled child: its process, its role in the pool, and the sessions it hosts.
@@ -307,6 +311,8 @@ class Child:
             case SwapAck(generation=generation):
                 self.generation = max(self.generation, generation)
                 sink.swap_acked(self, generation)
+            case SwapsApplied():
+                sink.swaps_applied(self, frame)
             case Failed(session=None, error=error):
                 log.error("child.failed", child=self.id, pid=self.pid, error=error)
             case Ready() | Spawn():

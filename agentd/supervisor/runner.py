@@ -12,6 +12,7 @@ frames from children come here, routed by session id. See RFC 0006.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Protocol
 
@@ -33,6 +34,7 @@ from agentd.protocol import (
     ProtocolError,
     SwapApplied,
     SwapIntel,
+    SwapsApplied,
     TurnDiscarded,
     TurnDone,
 )
@@ -429,6 +431,15 @@ class TurnRunner:
     def swap_acked(self, child: Child, generation: int) -> None:
         """A child acknowledged a SwapIntel."""
         self._on_swap_acked(child, generation)
+
+    def swaps_applied(self, child: Child, frame: SwapsApplied) -> None:
+        """A child's idle sessions took a swap at once: in memory only, like ``SwapApplied``."""
+        for swap in frame.applied:
+            runtime = self.sessions.get(swap.session)
+            if runtime is not None:
+                runtime.generation, runtime.model = frame.generation, swap.model_to
+        for kind, count in Counter(swap.kind for swap in frame.applied).items():
+            self.metrics.swaps.labels(kind=kind.value).inc(count)
 
     def idle_since(self, session_id: str) -> float | None:
         """When the session's last turn ended (monotonic), or None while one is in flight."""
