@@ -2,7 +2,12 @@
 
 SQLite through the stdlib ``sqlite3`` module, one database file (``STATE_DIR/agentd.db``) in WAL
 mode with ``synchronous=FULL``: once a store call that writes has returned, what it wrote survives
-a crash of the process or of the machine.
+a crash of the process or of the machine. The one exception is a write its caller marks
+``durable=False`` (``begin_turn`` of a message whose client waits for the turn's answer): it is in
+the database at once, so it survives a crash of the process, and it becomes durable against a
+crash of the machine with the next durable commit (the WAL is one sequential file: syncing it
+syncs every earlier write). Its client is answered only after that commit, so a machine crash
+before it loses only a message nobody was told was accepted.
 
 Rules the schema and the calls keep:
 
@@ -425,13 +430,21 @@ class Store:
     # ------------------------------------------------------------------ turns
 
     async def begin_turn(
-        self, session_id: str, turn_id: str, message: UserMessage | None, started_at: float
+        self,
+        session_id: str,
+        turn_id: str,
+        message: UserMessage | None,
+        started_at: float,
+        *,
+        durable: bool = True,
     ) -> int | None:
         """Start a turn in one transaction: store its user message, a ``pending`` turn row, state ``running``.
 
         The message is stored with its ``turn`` field set to ``turn_id``. Returns the message's
         seq, or None for an opener turn (``message`` None). StoreError if the session is unknown
-        or closed, already has a pending turn, or already had a turn with this id.
+        or closed, already has a pending turn, or already had a turn with this id. ``durable``
+        False: not synced to disk by itself (see the module docstring) — for a client that hears
+        nothing before the turn's own, durable, commit.
         """
         where = f"session {session_id} turn {turn_id}"
         if message is not None:
@@ -460,7 +473,7 @@ class Store:
             conn.execute("UPDATE sessions SET state = 'running', updated_at = ? WHERE id = ?", (started_at, session_id))
             return seq
 
-        return await self._write(f"begin {where}", op)
+        return await self._write(f"begin {where}", op, durable=durable)
 
     async def commit_turn(
         self,
@@ -584,17 +597,17 @@ class Store:
             raise StoreError(f"{what}: the store is closed")
         return await anyio.to_thread.run_sync(call, limiter=self._limiter)
 
-    async def _write(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _write(self, what: str, fn: Callable[[sqlite3.Connection], T], *, durable: bool = True) -> T:
         """Run ``fn`` in a write transaction: its writes are committed if it returns, undone if it raises.
 
         Group commit: writes that arrive while another batch is being written wait for it and then
         go together, in one transaction (one fsync), each inside a savepoint of its own, so one that
         fails leaves nothing behind and does not affect the others. A caller is answered only once
-        its batch is durable.
+        its batch is durable. A batch of only ``durable=False`` writes is committed without a sync.
         """
         if self._conn is None:
             raise StoreError(f"{what}: the store is closed")
-        write: _Write[T] = _Write(what, fn)
+        write: _Write[T] = _Write(what, fn, durable)
         self._queued.append(write)
         async with self._batch_lock:
             if not write.done:  # not yet taken by the batch before ours
@@ -720,10 +733,10 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
 class _Write(Generic[T]):
     """One queued write of a group commit, and its outcome."""
 
-    __slots__ = ("done", "error", "fn", "result", "what")
+    __slots__ = ("done", "durable", "error", "fn", "result", "what")
 
-    def __init__(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> None:
-        self.what, self.fn = what, fn
+    def __init__(self, what: str, fn: Callable[[sqlite3.Connection], T], durable: bool = True) -> None:
+        self.what, self.fn, self.durable = what, fn, durable
         self.done = False
         self.result: T | None = None
         self.error: StoreError | None = None
@@ -731,6 +744,9 @@ class _Write(Generic[T]):
 
 def _write_batch(conn: sqlite3.Connection, batch: list[_Write[Any]]) -> None:
     """Run every write of ``batch`` in one transaction, each in its own savepoint. Runs in the worker thread."""
+    # Per batch, outside the transaction: a FULL commit syncs the WAL, and with it every NORMAL
+    # commit before it.
+    conn.execute("PRAGMA synchronous = FULL" if any(w.durable for w in batch) else "PRAGMA synchronous = NORMAL")
     try:
         conn.execute("BEGIN IMMEDIATE")
         for write in batch:

@@ -423,7 +423,8 @@ async def run_turn(
             ended_at=time.time(),
             error=attempt.error,
         )
-        log.info(
+        # Debug only: the supervisor logs turn.done once the turn is committed, one line per turn.
+        log.debug(
             events.LOG_TURN_DONE,
             session=session.id,
             turn=turn,

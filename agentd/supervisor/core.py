@@ -603,13 +603,16 @@ class Supervisor:
             await self._store_or_503(self.store.update_session(runtime.id, state="idle"))
         turn_id = _new_id("t")
         message = UserMessage(content=body.content, images=tuple(body.images) if body.images else None, turn=turn_id)
-        turn = await self._start_turn(runtime, message)
+        # A waiting client hears nothing before the turn's commit, which syncs its message too.
+        turn = await self._start_turn(runtime, message, durable=not body.wait)
         if not body.wait:
             return Accepted(turn_id=turn_id)
         await turn.done.wait()
         return self._turn_result(turn)
 
-    async def _start_turn(self, runtime: SessionRuntime, message: UserMessage | None) -> PendingTurn:
+    async def _start_turn(
+        self, runtime: SessionRuntime, message: UserMessage | None, *, durable: bool = True
+    ) -> PendingTurn:
         turn = PendingTurn(
             id=message.turn if message and message.turn else _new_id("t"), message=message, started_at=time.time()
         )
@@ -619,7 +622,7 @@ class Supervisor:
         # Stored before delivered: the runner only sees the turn once begin_turn has committed its input.
         with anyio.CancelScope(shield=True):
             try:
-                await self.store.begin_turn(runtime.id, turn.id, message, turn.started_at)
+                await self.store.begin_turn(runtime.id, turn.id, message, turn.started_at, durable=durable)
             except StoreUnavailable as exc:
                 runtime.pending, runtime.state = None, "idle"
                 raise _store_error(exc) from None

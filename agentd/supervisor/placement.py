@@ -19,6 +19,7 @@ process (``tests/test_placement.py``). The rules, from rfcs/0006-pool.md:
 from __future__ import annotations
 
 import enum
+import functools
 import os
 from collections.abc import Sequence
 
@@ -69,7 +70,13 @@ def effective_children(configured: int, cpus: int | None = None) -> int:
     """``children = 0`` means the number of CPUs; the pool never has fewer than 2 active children."""
     if configured > 0:
         return configured
-    return max(2, cpus if cpus is not None else (os.cpu_count() or 2))
+    return max(2, cpus if cpus is not None else _cpu_count())
+
+
+@functools.cache
+def _cpu_count() -> int:
+    # Read once: the pool asks on every placement, and the machine does not change under it.
+    return os.cpu_count() or 2
 
 
 class Placement(msgspec.Struct, frozen=True, kw_only=True):
