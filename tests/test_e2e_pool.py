@@ -97,6 +97,22 @@ def test_a_mid_turn_swap_on_a_shared_child_swaps_only_the_changed_assistants_ses
         b_events = [name for name, data in turns[b1][1].seen if name.startswith("swap.")]
         assert b_events == [], "another assistant's change leaves the session alone"
         assert daemon.session(b1)["model"] == "b-model"
+        assert daemon.session(b1)["generation"] == 2, "it runs the new generation, its model unchanged"
+
+
+def test_an_idle_loaded_session_of_an_unchanged_assistant_shows_the_new_generation(tmp_path: Path) -> None:
+    (tmp_path / "hold-a").touch()
+    (tmp_path / "hold-b").touch()
+    with running_daemon(tmp_path, pool_config(tmp_path)) as daemon:
+        a, b = daemon.new_session("a"), daemon.new_session("b")
+        for session in (a, b):
+            assert daemon.send(session, "hello")["turn"]["status"] == "completed"
+        assert loaded_on(daemon, a) == loaded_on(daemon, b)
+        daemon.write_config(pool_config(tmp_path, a_model="a-new"))
+        assert daemon.json("POST", "/v1/reload", status=200)["generation"] == 2
+        wait_until(lambda: daemon.session(a)["model"] == "a-new", "a to swap")
+        viewed = wait_until(lambda: (s := daemon.session(b))["generation"] == 2 and s, "b to show generation 2")
+        assert viewed["model"] == "b-model" and viewed["child"] is not None
 
 
 def test_a_swap_while_a_session_is_being_loaded_reaches_it(tmp_path: Path) -> None:

@@ -270,6 +270,8 @@ class TurnRunner:
         await self._store_quietly(self.store.update_session(runtime.id, state="failed"), runtime.id)
 
     def _finish(self, runtime: SessionRuntime, turn: PendingTurn, record: TurnRecord) -> None:
+        if runtime.child is not None:  # a swap parked during the turn was adopted at its end
+            runtime.generation = max(runtime.generation, runtime.child.generation)
         runtime.pending = None
         runtime.intel_waiting = False
         runtime.idle_since = time.monotonic()
@@ -429,8 +431,12 @@ class TurnRunner:
             self.evict_if_cold(runtime)
 
     def swap_acked(self, child: Child, generation: int) -> None:
-        """A child acknowledged a SwapIntel."""
+        """A child acknowledged a SwapIntel: its idle sessions run that generation from now on."""
         self._on_swap_acked(child, generation)
+        for session_id in child.loaded:
+            runtime = self.sessions.get(session_id)
+            if runtime is not None and runtime.pending is None:
+                runtime.generation = max(runtime.generation, generation)
 
     def swaps_applied(self, child: Child, frame: SwapsApplied) -> None:
         """A child's idle sessions took a swap at once: in memory only, like ``SwapApplied``."""
