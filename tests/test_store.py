@@ -17,11 +17,11 @@ import anyio.lowlevel
 import msgspec
 import pytest
 
-from agentd import store as store_mod
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
 from agentd.records import Discarded, StartedTurn, TurnRecord
 from agentd.store import CommittedTurn, Store, StoredEntry, StoreError
+from agentd.store import sqlite as store_mod
 
 pytestmark = pytest.mark.anyio
 
