@@ -214,7 +214,9 @@ class Supervisor:
 
     def child_env(self) -> dict[str, str]:
         """The environment a child starts with."""
-        env = {k: v for k, v in os.environ.items() if k != "AGENTD_API_TOKEN"}  # tools need no API token
+        # Tools need neither the API token nor the store's password (RFC 0009 §1).
+        hidden = {"AGENTD_API_TOKEN", self.config.store.password_env}
+        env = {k: v for k, v in os.environ.items() if k not in hidden}
         env["AGENTD_LOG_LEVEL"] = self.options.log_level
         return env
 
