@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import psycopg
 from psycopg import sql
@@ -78,11 +78,15 @@ def find_bindir() -> Path | None:
     return None
 
 
-def url_for(base: str, database: str, **params: str) -> str:
-    """``base`` with its database replaced by ``database`` and ``params`` added to its query."""
+def url_for(base: str, database: str, *, user: str | None = None) -> str:
+    """``base`` with its database replaced by ``database`` and, if given, its user by ``user``."""
     parts = urlsplit(base)
-    query = "&".join(filter(None, [parts.query, urlencode(params)]))
-    return f"{parts.scheme}://{parts.netloc}/{database}" + (f"?{query}" if query else "")
+    netloc, query = parts.netloc, parse_qsl(parts.query)
+    if user is not None:
+        netloc = netloc.rpartition("@")[2]
+        query = [(key, value) for key, value in query if key != "user"] + [("user", user)]
+    encoded = urlencode(query)
+    return f"{parts.scheme}://{netloc}/{database}" + (f"?{encoded}" if encoded else "")
 
 
 class Cluster:
@@ -150,14 +154,30 @@ class PgServer:
             conn.execute(statement if isinstance(statement, sql.Composable) else sql.SQL(statement))  # type: ignore[arg-type]
 
     @contextlib.contextmanager
-    def database(self) -> Iterator[str]:
-        """A new, empty database for one test; its URL. Dropped afterwards."""
+    def database(self, owner: str | None = None) -> Iterator[str]:
+        """A new, empty database for one test (owned by role ``owner``, if given); its URL, as that role.
+
+        Dropped afterwards, whoever is still connected to it.
+        """
         name = f"agentd_test_{secrets.token_hex(6)}"
-        self.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if owner is not None:
+            create = sql.SQL("{} OWNER {}").format(create, sql.Identifier(owner))
+        self.execute(create)
         try:
-            yield url_for(self.admin_url, name)
+            yield url_for(self.admin_url, name, user=owner)
         finally:
             self.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+    @contextlib.contextmanager
+    def role(self, password: str) -> Iterator[str]:
+        """A new login role with ``password``; its name. Dropped afterwards (after its databases)."""
+        name = f"agentd_role_{secrets.token_hex(4)}"
+        self.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(name), sql.Literal(password)))
+        try:
+            yield name
+        finally:
+            self.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
 
 
 class NoPostgres(Exception):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from agentd.config import StoreSettings
-from agentd.redact import redact_url
+from agentd.redact import redact_database_url
 from agentd.store.base import (
     CommittedTurn,
     Lease,
@@ -43,6 +43,7 @@ __all__ = [
     "open_store",
 ]
 
+
 #: The SQLite store's file in the state dir.
 SQLITE_FILE = "agentd.db"
 
@@ -61,9 +62,16 @@ async def open_store(settings: StoreSettings, state_dir: Path, environ: Mapping[
         from agentd.store.postgres import PostgresStore
     except ImportError as exc:
         raise StoreError(
-            f"cannot open the store {redact_url(settings.url)}: PostgreSQL needs psycopg and psycopg-pool,"
+            f"cannot open the store {redact_database_url(settings.url)}: PostgreSQL needs psycopg and psycopg-pool,"
             f" the optional dependencies of agentd[postgres] ({exc})"
         ) from None
     env = os.environ if environ is None else environ
     password = env.get(settings.password_env) if settings.password_env else None
-    return await PostgresStore.open(settings.url, password=password or None)
+    try:
+        return await PostgresStore.open(settings.url, password=password or None)
+    except StoreError as exc:
+        if password or not settings.password_env or "password" not in str(exc):
+            raise
+        raise StoreError(
+            f"{exc} (no password was given: {settings.password_env}, named by [store] password_env, is not set)"
+        ) from None

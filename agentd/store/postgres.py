@@ -39,7 +39,7 @@ from agentd.budget import TurnStatus, Usage
 from agentd.messages import Message, UserMessage
 from agentd.obs import get_logger
 from agentd.records import PENDING, SessionState, StartedTurn, TurnRecord
-from agentd.redact import redact_url
+from agentd.redact import redact_database_url
 from agentd.store import codec, migrations
 from agentd.store.base import (
     CommittedTurn,
@@ -53,7 +53,14 @@ from agentd.store.base import (
     UnknownSession,
 )
 
-__all__ = ["CALL_BOUND", "CONNECT_TIMEOUT", "POOL_SIZE", "POOL_TIMEOUT", "STATEMENT_TIMEOUT", "PostgresStore"]
+__all__ = [
+    "CALL_BOUND",
+    "CONNECT_TIMEOUT",
+    "POOL_SIZE",
+    "POOL_TIMEOUT",
+    "STATEMENT_TIMEOUT",
+    "PostgresStore",
+]
 
 T = TypeVar("T")
 Conn: TypeAlias = psycopg.AsyncConnection[DictRow]
@@ -105,7 +112,7 @@ class PostgresStore(Store):
         """Wrap an open pool on a migrated database; use ``PostgresStore.open`` instead."""
         self._pool: AsyncConnectionPool[Conn] | None = pool
         self._location = location
-        self._connect = connect  # one connection outside the pool: finds why the pool cannot connect
+        self._connect = connect  # a connection outside the pool, for when the pool has none
         self._secret = secret  # scrubbed from every error text
         self.failure: str | None = None
 
@@ -113,15 +120,17 @@ class PostgresStore(Store):
 
     @classmethod
     async def open(
-        cls, url: str, *, password: str | None = None, pool_size: int = POOL_SIZE, pool_timeout: float = POOL_TIMEOUT
+        cls, url: str, *, password: str | None = None, pool_size: int | None = None, pool_timeout: float | None = None
     ) -> PostgresStore:
         """Connect to the database at ``url``, bring its schema up to date, and open the pool.
 
         StoreError ``cannot open the store <url>: <reason>`` if the server cannot be reached or
         refuses the login, a migration fails, or the database was written by a newer agentd.
         """
-        location = redact_url(url)
+        location = redact_database_url(url)
         secret = password or None
+        pool_size = POOL_SIZE if pool_size is None else pool_size
+        pool_timeout = POOL_TIMEOUT if pool_timeout is None else pool_timeout
         _route_driver_logs()
         kwargs = _connect_kwargs(url, secret)
 
@@ -581,18 +590,15 @@ class PostgresStore(Store):
         self, pool: AsyncConnectionPool[Conn], what: str, fn: Callable[[Conn], Awaitable[T]], snapshot: bool
     ) -> T:
         try:
-            async with pool.connection() as conn:
-                with anyio.move_on_after(CALL_BOUND) as bound:
-                    async with conn.transaction():
-                        if snapshot:
-                            await conn.execute(_SNAPSHOT)
-                        result = await fn(conn)
-                if bound.cancelled_caught:  # the connection is in an unknown state: the pool must not reuse it
-                    await conn.close()
-                    raise StoreUnavailable(f"{what}: no answer from the database within {CALL_BOUND:g}s")
-                return result
-        except PoolTimeout:
-            raise StoreUnavailable(self._scrub(f"{what}: {await self._unreachable()}")) from None
+            try:
+                async with pool.connection() as conn:
+                    return await _run(conn, what, fn, snapshot)
+            except PoolTimeout:
+                # No pooled connection in time: the server is down, or the pool is still backing off
+                # from an outage that is over. A connection of the call's own tells which, and serves it.
+                async with await self._own_connection(what) as conn:
+                    await _configure(conn)
+                    return await _run(conn, what, fn, snapshot)
         except PoolClosed:
             raise StoreError(f"{what}: the store is closed") from None
         except psycopg.Error as exc:
@@ -600,22 +606,33 @@ class PostgresStore(Store):
         except msgspec.MsgspecError as exc:
             raise StoreError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
-    async def _unreachable(self) -> str:
-        """Why no pooled connection could be had: the reason one new connection fails, or a busy pool."""
+    async def _own_connection(self, what: str) -> Conn:
+        """A new connection outside the pool, or StoreUnavailable saying why the database cannot be reached."""
         try:
             with anyio.fail_after(CONNECT_TIMEOUT + 1):
-                conn = await self._connect()
+                return await self._connect()
         except (psycopg.Error, TimeoutError) as exc:
             reason = "no answer from the server" if isinstance(exc, TimeoutError) else _reason(exc)
-            return f"cannot reach the database: {reason}"
-        await conn.close()
-        return f"no database connection free within {POOL_TIMEOUT:g}s (all {POOL_SIZE} are busy)"
+            raise StoreUnavailable(self._scrub(f"{what}: cannot reach the database: {reason}")) from None
 
     def _scrub(self, text: str) -> str:
         return _scrub(text, self._secret)
 
 
 # --------------------------------------------------------------------------- connections and errors
+
+
+async def _run(conn: Conn, what: str, fn: Callable[[Conn], Awaitable[T]], snapshot: bool) -> T:
+    """``fn`` in one transaction on ``conn``; a call with no answer within ``CALL_BOUND`` is abandoned."""
+    with anyio.move_on_after(CALL_BOUND) as bound:
+        async with conn.transaction():
+            if snapshot:
+                await conn.execute(_SNAPSHOT)
+            result = await fn(conn)
+    if bound.cancelled_caught:  # the connection is in an unknown state: it must not be used again
+        await conn.close()
+        raise StoreUnavailable(f"{what}: no answer from the database within {CALL_BOUND:g}s")
+    return result
 
 
 def _connect_kwargs(url: str, password: str | None) -> dict[str, Any]:
@@ -685,31 +702,30 @@ def _route_driver_logs() -> None:
 
 
 async def _migrate(conn: Conn) -> None:
-    """Bring the schema up to ``SCHEMA_VERSION``, one transaction per version, under an advisory lock.
+    """Bring the schema up to ``SCHEMA_VERSION``, one transaction per version, each under an advisory lock.
 
-    Replicas that start together take turns: each step re-reads the version once it holds the lock.
+    Replicas that start together take turns: each step reads the version once it holds the lock,
+    so every migration runs once, and a migration that fails leaves the version before it.
     """
-    await conn.execute(
-        "CREATE TABLE IF NOT EXISTS agentd_schema (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
-    )
     newest = migrations.SCHEMA_VERSION
-    current = await _schema_version(conn)
-    if current > newest:
-        raise StoreError(f"it has schema version {current}; this agentd knows versions up to {newest}")
-    for version in range(current + 1, newest + 1):
-        statements = migrations.POSTGRES.get(version)
-        if statements is None:
-            raise StoreError(f"no migration to schema version {version}")
+    while True:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-            if await _schema_version(conn) >= version:
-                continue  # another replica ran it meanwhile
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS agentd_schema"
+                " (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+            )
+            current = await _schema_version(conn)
+            if current > newest:
+                raise StoreError(f"it has schema version {current}; this agentd knows versions up to {newest}")
+            if current == newest:
+                return
+            statements = migrations.POSTGRES.get(current + 1)
+            if statements is None:
+                raise StoreError(f"no migration to schema version {current + 1}")
             for statement in statements:
                 await conn.execute(statement)
-            await conn.execute(
-                f"INSERT INTO agentd_schema (version, applied_at) VALUES (%s, {_NOW})",
-                (version,),
-            )
+            await conn.execute(f"INSERT INTO agentd_schema (version, applied_at) VALUES (%s, {_NOW})", (current + 1,))
 
 
 async def _schema_version(conn: Conn) -> int:
