@@ -53,3 +53,10 @@ async def block_child(label: str = "") -> str:
     _log(f"block_child {label}")
     time.sleep(3600)
     return "unreachable"
+
+
+@side_effect_free
+def env_names() -> str:
+    """Record the names of the environment variables a tool sees (never their values)."""
+    _log("env " + " ".join(sorted(os.environ)))
+    return "noted"
