@@ -1,4 +1,4 @@
-"""What is PostgreSQL's own in the store (RFC 0009 §1–§2): the password, the server failing, locks and errors.
+"""What is PostgreSQL's own in the store (RFC 0009 §1, §5): the password, the server failing, locks, errors.
 
 Everything else the store does is tested on both backends by tests/test_store.py and
 tests/test_store_leases.py. These tests use the suite's PostgreSQL (tests/pg_harness.py); the one
