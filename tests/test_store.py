@@ -25,7 +25,7 @@ import pytest
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
 from agentd.records import Discarded, StartedTurn, TurnRecord
-from agentd.store import CommittedTurn, SqliteStore, Store, StoredEntry, StoreError, codec, migrations
+from agentd.store import CommittedTurn, SqliteStore, Store, StoredEntry, StoreError, UnknownSession, codec, migrations
 from tests.store_harness import Backend
 
 pytestmark = pytest.mark.anyio
@@ -743,7 +743,7 @@ async def test_sessions_are_rows_paged_counted_and_read_without_their_transcript
     first = await store.list_sessions(limit=2)
     assert [s.id for s in first] == ["old", "mid"]
     assert [s.id for s in await store.list_sessions(limit=2, after=first[-1].id)] == ["new"]
-    with pytest.raises(StoreError, match="no session 'nope'"):
+    with pytest.raises(UnknownSession, match="no session 'nope'"):
         await store.list_sessions(after="nope")
 
     assert await store.session_counts() == {"closed": 1, "failed": 1, "idle": 0, "running": 1}
@@ -798,13 +798,15 @@ async def test_reopen_restores_everything_including_a_pending_turn(backend: Back
 
 
 async def test_errors_name_the_session_and_turn(store: Store) -> None:
-    with pytest.raises(StoreError, match=r"session ghost turn t1: the session is unknown"):
+    with pytest.raises(UnknownSession, match=r"session ghost turn t1: the session is unknown"):
         await store.begin_turn("ghost", "t1", UserMessage(content="hi"), started_at=1.0)
-    with pytest.raises(StoreError, match=r"session ghost turn t1: the session is unknown"):
+    with pytest.raises(UnknownSession, match=r"session ghost turn t1: the session is unknown"):
         await commit(store, "ghost", "t1")
-    with pytest.raises(StoreError, match=r"session ghost is unknown"):
+    with pytest.raises(UnknownSession, match=r"session ghost turn t1: the session is unknown"):
+        await store.abandon_turn("ghost", "t1", status="cancelled", error=None, ended_at=1.0)
+    with pytest.raises(UnknownSession, match=r"session ghost is unknown"):
         await store.update_session("ghost", state="idle")
-    with pytest.raises(StoreError, match=r"session ghost is unknown"):
+    with pytest.raises(UnknownSession, match=r"session ghost is unknown"):
         await store.pending_turn("ghost")
 
     await new_session(store)

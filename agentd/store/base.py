@@ -135,8 +135,9 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
 class Store(abc.ABC):
     """The durable store of the supervisor; open one with ``agentd.store.open_store``.
 
-    ``failure`` holds why the last call failed because of the database (``StoreUnavailable``),
-    and is cleared by the next one that reaches it (RFC 0003 §3): readiness reports it.
+    ``failure`` holds why the database last failed (``StoreUnavailable``), None once it works
+    again (RFC 0003 §3); readiness reports it. SQLite sets it from each batch of writes,
+    PostgreSQL from every call (an unreachable server fails reads too).
     ``location`` names the store in messages and logs, and never carries a secret.
     """
 
