@@ -16,7 +16,8 @@ the rules of ``agentd.store.base``; what is PostgreSQL's own:
   read-only server (a standby after a failover) and a deadlock are ``StoreUnavailable``
   (``full`` for disk full, SQLSTATE 53100); a refused statement is ``StoreError``.
 - The password is given to libpq apart from the URL (never in it: the config refuses that), and
-  is scrubbed from any error text; ``location`` is the URL without user, query or fragment.
+  is scrubbed from any error text; ``location`` is the URL without user, query or fragment
+  (``agentd.redact.redact_database_url``).
 - Lease times are by the database server's clock, so replicas' clocks need not agree.
 - The driver's own log lines (``psycopg``, ``psycopg.pool``) are re-emitted as ``store.driver``.
 """
@@ -76,6 +77,8 @@ POOL_TIMEOUT = 5.0
 STATEMENT_TIMEOUT = 10.0
 #: A call with no answer at all (a hung network) is abandoned after this many seconds.
 CALL_BOUND = STATEMENT_TIMEOUT + 5.0
+#: How long the migrations at start-up may take (an index on a large table takes a while).
+MIGRATION_BOUND = 600.0
 #: Serializes migrations of replicas that start together (``pg_advisory_xact_lock``; "agentd" in ASCII).
 MIGRATION_LOCK = 0x616765_6E7464
 
@@ -92,7 +95,8 @@ _SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated
 # A turn with its input message (for a pending turn, which has no record yet).
 _TURN_SELECT = (
     "SELECT t.n, t.session, t.id, t.status, t.message_seq, t.models, t.steps, t.restarts, t.discarded,"
-    " t.input_tokens, t.output_tokens, t.started_at, t.ended_at, t.error, e.message AS input"
+    " t.input_tokens, t.output_tokens, t.started_at, t.ended_at, t.error,"
+    " CASE WHEN t.status = 'pending' THEN e.message END AS input"
     " FROM turns t LEFT JOIN entries e ON e.session = t.session AND e.seq = t.message_seq"
 )
 
@@ -138,12 +142,13 @@ class PostgresStore(Store):
             return await psycopg.AsyncConnection.connect(url, **kwargs)
 
         try:
-            with anyio.fail_after(CALL_BOUND * 2):
+            with anyio.fail_after(CONNECT_TIMEOUT + 1):
                 conn = await connect()
-                try:
+            try:
+                with anyio.fail_after(MIGRATION_BOUND):
                     await _migrate(conn)
-                finally:
-                    await conn.close()
+            finally:
+                await conn.close()
         except (psycopg.Error, StoreError, TimeoutError) as exc:
             reason = "no answer from the server" if isinstance(exc, TimeoutError) else _reason(exc)
             raise StoreError(_scrub(f"cannot open the store {location}: {reason}", secret)) from None
