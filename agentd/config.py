@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
@@ -47,6 +48,7 @@ __all__ = [
     "PolicyChoice",
     "ProviderName",
     "ServerSettings",
+    "StoreSettings",
     "SupervisorSettings",
     "SwapPolicy",
     "Transfer",
@@ -60,6 +62,7 @@ __all__ = [
     "quickstart_text",
     "read_config_text",
     "resolve_swap_policy",
+    "store_url_problem",
 ]
 
 
@@ -203,7 +206,21 @@ class ServerSettings(_Section, frozen=True):
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=8 * 1024 * 1024)] = 4 * 1024 * 1024
 
 
-RESTART_ONLY_SECTIONS = ("server",)
+class StoreSettings(_Section, frozen=True):
+    """Where sessions are stored (RFC 0009 §1). Restart-only, like ``[server]``.
+
+    ``url`` empty is SQLite in the state dir; a ``postgresql://`` URL is a PostgreSQL database,
+    whose password is read from the env var named by ``password_env`` (never from the file: a
+    password in the URL is refused). ``lease`` is how long a replica owns a session without
+    renewing (PostgreSQL; RFC 0009 §3).
+    """
+
+    url: str = ""
+    password_env: EnvVarName | None = "AGENTD_STORE_PASSWORD"
+    lease: Seconds = 10.0
+
+
+RESTART_ONLY_SECTIONS = ("server", "store")
 
 
 class Config(_Section, frozen=True):
@@ -211,6 +228,7 @@ class Config(_Section, frozen=True):
 
     model_swap: SwapPolicy | None = None
     server: ServerSettings = ServerSettings()
+    store: StoreSettings = StoreSettings()
     intelligence: Intelligence = Intelligence()
     limits: Limits = Limits()
     supervisor: SupervisorSettings = SupervisorSettings()
@@ -416,8 +434,48 @@ def _listen_issues(listen: str | None) -> list[ConfigIssue]:
 # --------------------------------------------------------------------------- semantic checks
 
 
+#: The shortest ``[store] lease``: a replica must be able to renew it well within that time.
+MIN_LEASE = 1.0
+#: Schemes of a PostgreSQL ``[store] url`` (libpq takes both).
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+def store_url_problem(url: str) -> str | None:
+    """Why ``url`` is not a usable ``[store] url`` (None when it is). Never echoes the URL: it may hold a password.
+
+    Empty is SQLite in the state dir. Otherwise a ``postgresql://`` (or ``postgres://``) URL, as
+    libpq reads it, without a password in it: in the user part or as a ``password`` parameter.
+    """
+    if not url:
+        return None
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number or out of range
+    except ValueError:  # its text can quote a part of the URL, which may be a mistyped password
+        return "not a valid URL (its host or port cannot be read)"
+    if parts.scheme not in POSTGRES_SCHEMES:
+        return 'expected "" (SQLite in the state dir) or a postgresql:// URL'
+    if parts.password is not None or "password" in {key.lower() for key in parse_qs(parts.query)}:
+        return "a password in the URL is not allowed; put it in the env var named by store.password_env"
+    return None
+
+
+def _store_issues(store: StoreSettings) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    problem = store_url_problem(store.url)
+    if problem is not None:
+        issues.append(ConfigIssue("store.url", problem))
+    if store.lease < MIN_LEASE:
+        issues.append(
+            ConfigIssue(
+                "store.lease", f"a lease must be at least {MIN_LEASE:g}s (replicas renew it), got {store.lease:g}s"
+            )
+        )
+    return issues
+
+
 def _semantic_issues(config: Config) -> list[ConfigIssue]:
-    issues: list[ConfigIssue] = _listen_issues(config.server.listen)
+    issues: list[ConfigIssue] = _listen_issues(config.server.listen) + _store_issues(config.store)
     names = [a.name for a in config.assistants]
     if not config.assistants:
         issues.append(ConfigIssue("assistants", "at least one assistant is required"))

@@ -5,7 +5,7 @@ A child runs third-party tool code, so it gets an allowlist, not the daemon's wh
 the variables a Python process and an HTTP client need (``BASE_NAMES``, ``LC_*``), the operator's
 ``[supervisor] pass_env`` names and patterns, and the variables the config itself names
 (``api_key_env``). Everything else — the API token, cloud credentials, the store password — stays
-in the supervisor. Pure functions over a mapping, so they are tested without processes.
+in the supervisor (``withheld``: even a ``pass_env`` pattern cannot reach those). Pure functions over a mapping, so they are tested without processes.
 """
 
 from __future__ import annotations
@@ -54,12 +54,18 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
+def withheld(config: Config) -> frozenset[str]:
+    """Never given to a child, whatever ``pass_env`` says: the API token and the store's password."""
+    password = config.store.password_env
+    return frozenset({"AGENTD_API_TOKEN", *([password] if password else [])})
+
+
 def passed_through(environ: Mapping[str, str], config: Config) -> dict[str, str]:
     """The variables a config asks for beyond the base: ``pass_env`` matches and the names it uses.
     This is what a reload hands running children (they were started with an earlier config)."""
-    named = named_by(config)
+    named, hidden = named_by(config), withheld(config)
     patterns = config.supervisor.pass_env
-    return {k: v for k, v in environ.items() if k in named or _matches(k, patterns)}
+    return {k: v for k, v in environ.items() if k not in hidden and (k in named or _matches(k, patterns))}
 
 
 def child_environment(environ: Mapping[str, str], config: Config) -> dict[str, str]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-__all__ = ["redact_url"]
+__all__ = ["redact_database_url", "redact_url"]
 
 
 def redact_url(url: str) -> str:
@@ -24,3 +24,21 @@ def redact_url(url: str) -> str:
     except ValueError:
         return "<invalid URL>"
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def redact_database_url(url: str) -> str:
+    """A ``postgresql://`` URL fit for messages: ``redact_url``'s, keeping the ``//`` of a URL with no
+    host and naming the ``host`` parameter that then says where the server is (a socket directory).
+
+    ``postgresql://me@db:5432/agentd`` → ``postgresql://db:5432/agentd``;
+    ``postgresql:///agentd?host=/run/postgresql`` → ``postgresql:///agentd (host /run/postgresql)``.
+    """
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return shown
+    if parts.netloc.rpartition("@")[2]:
+        return shown
+    hosts = [value for key, value in parse_qsl(parts.query) if key == "host"]
+    return f"{parts.scheme}://{parts.path}" + (f" (host {hosts[-1]})" if hosts else "")

@@ -69,6 +69,9 @@ def validate_config_file(
         issues: list[ConfigIssue] = []
         tool_lists = [list(a.tools) for a in config.assistants]
         timeout = config.supervisor.spawn_timeout
+        if config.store.password_env:  # the store's password is no tool's business (RFC 0009 §1)
+            base = os.environ if environ is None else environ
+            environ = {k: v for k, v in base.items() if k != config.store.password_env}
     except ConfigError as exc:
         config, issues = None, list(exc.issues)
         tool_lists = _raw_tool_lists(text)

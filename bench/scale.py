@@ -72,7 +72,7 @@ from swap_latency import LogTail, cpu_seconds, loadavg, log_time, write_atomical
 from tables import percentile, print_table
 
 from agentd.config import parse_config
-from agentd.store import _encode_message
+from agentd.store.codec import encode_message as _encode_message
 from agentd.transfer import session_start_history
 from tests.daemon_harness import agentd_env, pid_alive
 

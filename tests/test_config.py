@@ -654,3 +654,50 @@ def test_a_read_that_hangs_times_out_on_a_thread_that_cannot_hold_up_exit(
         assert readers and readers[0].daemon  # the interpreter does not wait for it at exit
     finally:
         release.set()
+
+
+# --------------------------------------------------------------------------- [store]
+
+
+def test_store_defaults_are_sqlite_in_the_state_dir() -> None:
+    config = parse_config('[[assistants]]\nname = "a"\n')
+    assert (config.store.url, config.store.password_env, config.store.lease) == ("", "AGENTD_STORE_PASSWORD", 10.0)
+
+
+def test_a_postgres_store_url_and_its_settings_parse() -> None:
+    config = parse_config(
+        '[store]\nurl = "postgresql://agentd@db.internal:5432/agentd"\npassword_env = "PGPASS_AGENTD"\nlease = "30s"\n'
+        '[[assistants]]\nname = "a"\n'
+    )
+    assert config.store.url == "postgresql://agentd@db.internal:5432/agentd"
+    assert (config.store.password_env, config.store.lease) == ("PGPASS_AGENTD", 30.0)
+    unix = parse_config('[store]\nurl = "postgres:///agentd?host=/run/postgresql"\n[[assistants]]\nname = "a"\n')
+    assert unix.store.url.startswith("postgres:///")
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgresql://agentd:hunter2@db/agentd", "a password in the URL is not allowed"),
+        ("postgresql://agentd@db/agentd?sslmode=require&password=hunter2", "a password in the URL is not allowed"),
+        ("mysql://agentd@db/agentd", 'expected "" (SQLite in the state dir) or a postgresql:// URL'),
+        ("/var/lib/agentd/agentd.db", 'expected "" (SQLite in the state dir) or a postgresql:// URL'),
+        ("postgresql://agentd@db:hunter2/agentd", "not a valid URL (its host or port cannot be read)"),
+    ],
+)
+def test_a_store_url_that_cannot_be_used_is_refused_without_echoing_it(url: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(f'[store]\nurl = "{url}"\n[[assistants]]\nname = "a"\n')
+    issues = {issue.path: issue.message for issue in info.value.issues}
+    assert list(issues) == ["store.url"]
+    assert message in issues["store.url"]
+    assert "hunter2" not in str(info.value)
+
+
+def test_store_lease_is_a_duration_of_at_least_a_second() -> None:
+    assert issues_of('[store]\nlease = "500ms"\n')["store.lease"] == (
+        "a lease must be at least 1s (replicas renew it), got 0.5s"
+    )
+    assert "expected a duration string" in issues_of("[store]\nlease = 10\n")["store.lease"]
+    assert "unknown key" in issues_of('[store]\nhost = "db"\n')["store.host"]
+    assert "store.password_env" in issues_of('[store]\npassword_env = "not a name"\n')

@@ -86,3 +86,13 @@ def test_the_frame_that_carries_the_values_shows_only_their_names() -> None:
         env=ChildEnv(values={"OPENAI_KEY": "sk-secret-value"}),
     )
     assert "OPENAI_KEY" in repr(frame) and "sk-secret-value" not in repr(frame)
+
+
+def test_the_api_token_and_the_store_password_are_withheld_whatever_pass_env_says() -> None:
+    config = parse_config(
+        '[store]\npassword_env = "PGPASS_VAR"\n[supervisor]\npass_env = ["AGENTD_*", "PGPASS_*"]\n'
+        '[[assistants]]\nname = "a"\n'
+    )
+    env = child_environment({**DAEMON_ENV, "PGPASS_VAR": "db-secret", "AGENTD_LOG_FORMAT": "json"}, config)
+    assert "AGENTD_API_TOKEN" not in env and "PGPASS_VAR" not in env
+    assert env["AGENTD_LOG_FORMAT"] == "json"

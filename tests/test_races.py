@@ -21,7 +21,7 @@ from agentd.config import SwapPolicy, intelligence_map, parse_config, resolve_sw
 from agentd.messages import AssistantMessage, SystemMessage, ToolResult, UserMessage
 from agentd.obs import configure_logging
 from agentd.protocol import Event, Frame, SwapIntel, TurnDiscarded
-from agentd.store import Store
+from agentd.store import SqliteStore
 from agentd.supervisor.core import Supervisor
 from agentd.supervisor.options import DaemonOptions
 from agentd.tools import resolve_tools
@@ -120,7 +120,7 @@ async def test_a_deadline_during_the_generated_opener_leaves_a_whole_handoff(tmp
 @pytest.fixture
 async def supervisor(tmp_path: Path) -> Any:
     configure_logging("json", "warning")
-    store = await Store.open(tmp_path / "agentd.db")
+    store = await SqliteStore.open(tmp_path / "agentd.db")
     config = parse_config(quickstart_config_text(tmp_path))
     sup = Supervisor(DaemonOptions(), config, resolve_swap_policy(None, {}, config.model_swap), store)
     async with anyio.create_task_group() as tg:

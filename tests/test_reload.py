@@ -104,3 +104,12 @@ async def test_a_request_after_a_reload_finished_gets_a_new_reload() -> None:
     coordinator: ReloadCoordinator[int] = ReloadCoordinator(reload)
     assert await coordinator.request() == 1
     assert await coordinator.request() == 2
+
+
+def test_the_store_is_restart_only_like_the_server() -> None:
+    old = parse_config(BASE)
+    new = parse_config('[store]\nurl = "postgresql://agentd@db/agentd"\nlease = "20s"\n' + BASE)
+    plan = plan_reload(old, new)
+    assert plan.restart_required == ["store.url", "store.lease"]
+    assert plan.config.store == old.store
+    assert plan.changed == []

@@ -1,4 +1,9 @@
-"""The durable store (agentd.store): schema, transactions, durability, and never blocking the loop."""
+"""The durable store (agentd.store): schema, transactions, durability, and never blocking the loop.
+
+Every test that takes ``backend`` (or ``store``) runs against SQLite and against PostgreSQL
+(tests/conftest.py, tests/store_harness.py): one suite, one set of semantics. Tests of one
+backend's own files or connections say so in their names.
+"""
 
 from __future__ import annotations
 
@@ -17,11 +22,11 @@ import anyio.lowlevel
 import msgspec
 import pytest
 
-from agentd import store as store_mod
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
 from agentd.records import Discarded, StartedTurn, TurnRecord
-from agentd.store import CommittedTurn, Store, StoredEntry, StoreError
+from agentd.store import CommittedTurn, SqliteStore, Store, StoredEntry, StoreError, UnknownSession, codec, migrations
+from tests.store_harness import Backend
 
 pytestmark = pytest.mark.anyio
 
@@ -33,12 +38,22 @@ IMAGE = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgG
 
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
+    """The SQLite database of the tests about SQLite's own file."""
     return tmp_path / "agentd.db"
 
 
 @pytest.fixture
-async def store(db_path: Path) -> AsyncIterator[Store]:
-    opened = await Store.open(db_path)
+async def store(backend: Backend) -> AsyncIterator[Store]:
+    opened = await backend.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def sqlite_store(db_path: Path) -> AsyncIterator[SqliteStore]:
+    opened = await SqliteStore.open(db_path)
     try:
         yield opened
     finally:
@@ -46,12 +61,21 @@ async def store(db_path: Path) -> AsyncIterator[Store]:
 
 
 def raw(db_path: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Read the database file directly, bypassing the store."""
+    """Read the SQLite database file directly, bypassing the store."""
     conn = sqlite3.connect(db_path)
     try:
         return conn.execute(sql, args).fetchall()
     finally:
         conn.close()
+
+
+def on_the_loop(fn: Any) -> None:
+    """Run ``fn`` on the event loop from inside a store call: from SQLite's worker thread, or directly
+    when the call runs on the loop itself (PostgreSQL's async driver)."""
+    try:
+        anyio.from_thread.run_sync(fn)
+    except RuntimeError:  # not in a worker thread: already on the loop
+        fn()
 
 
 def reply(turn: str, text: str, *, model: str = "echo-small", assistant: str = "triage") -> AssistantMessage:
@@ -123,40 +147,50 @@ def every_kind(turn: str = "t0") -> list[Message]:
 # --------------------------------------------------------------------------- schema and pragmas
 
 
-async def test_wal_mode_synchronous_full_foreign_keys_and_schema_version(store: Store, db_path: Path) -> None:
+async def test_schema_version_and_indexes(store: Store, backend: Backend) -> None:
+    assert migrations.SCHEMA_VERSION == 3
+    assert backend.schema_version() == migrations.SCHEMA_VERSION
+    assert {"sessions_state", "sessions_owner", "turns_one_pending", "entries_active"} <= backend.indexes()
+    assert {"owner", "lease_expires", "fence"} <= set(backend.columns("sessions"))
+
+
+def test_both_backends_have_a_migration_for_every_version() -> None:
+    versions = set(range(1, migrations.SCHEMA_VERSION + 1))
+    assert set(migrations.SQLITE) == versions
+    assert set(migrations.POSTGRES) == versions
+
+
+async def test_sqlite_wal_mode_synchronous_full_and_foreign_keys(sqlite_store: SqliteStore, db_path: Path) -> None:
     assert raw(db_path, "PRAGMA journal_mode") == [("wal",)]  # WAL is persistent: any connection sees it
-    assert raw(db_path, "PRAGMA user_version") == [(store_mod.SCHEMA_VERSION,)]
-    assert store_mod.SCHEMA_VERSION == 2
-    assert ("sessions_state",) in raw(db_path, "SELECT name FROM sqlite_master WHERE type = 'index'")
+    assert raw(db_path, "PRAGMA user_version") == [(migrations.SCHEMA_VERSION,)]
 
     def pragmas(conn: sqlite3.Connection) -> tuple[int, int]:
         return (conn.execute("PRAGMA synchronous").fetchone()[0], conn.execute("PRAGMA foreign_keys").fetchone()[0])
 
-    assert await store._run("pragmas", pragmas) == (2, 1)  # 2 = FULL
+    assert await sqlite_store._run("pragmas", pragmas) == (2, 1)  # 2 = FULL
 
 
-async def test_a_new_database_is_private_to_its_owner(store: Store, db_path: Path) -> None:
-    await new_session(store)  # a write creates the -wal file too
+async def test_a_new_sqlite_database_is_private_to_its_owner(sqlite_store: SqliteStore, db_path: Path) -> None:
+    await new_session(sqlite_store)  # a write creates the -wal file too
     for path in (db_path, db_path.with_name(db_path.name + "-wal")):
         assert path.stat().st_mode & 0o077 == 0, path
 
 
 async def test_a_missing_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match=r"cannot open the store .*missing.*: No such file or directory"):
-        await Store.open(tmp_path / "missing" / "agentd.db")
+        await SqliteStore.open(tmp_path / "missing" / "agentd.db")
 
 
-async def test_a_database_from_a_newer_agentd_is_refused(db_path: Path) -> None:
-    conn = sqlite3.connect(db_path)
-    conn.execute("PRAGMA user_version = 99")
-    conn.close()
-    with pytest.raises(StoreError, match=r"schema version 99"):
-        await Store.open(db_path)
+async def test_a_database_from_a_newer_agentd_is_refused(backend: Backend) -> None:
+    await (await backend.open()).close()
+    backend.set_schema_version(99)
+    with pytest.raises(StoreError, match=r"^cannot open the store .*: it has schema version 99; this agentd knows"):
+        await backend.open()
 
 
 async def filled_store(db_path: Path, sessions: int = 200) -> bytes:
     """A store with enough sessions to span many pages, closed cleanly; its file's bytes."""
-    store = await Store.open(db_path)
+    store = await SqliteStore.open(db_path)
     for i in range(sessions):
         await new_session(store, f"s{i}")
     await store.close()
@@ -198,14 +232,14 @@ def make_dir(path: Path) -> None:
 async def test_a_damaged_database_is_one_clear_error_naming_the_store(db_path: Path, damage: Any, reason: str) -> None:
     write_file(db_path, damage(await filled_store(db_path)))
     with pytest.raises(StoreError) as info:
-        await Store.open(db_path)
+        await SqliteStore.open(db_path)
     assert str(info.value).startswith(f"cannot open the store {db_path}: ")
     assert reason in str(info.value)
 
 
 async def test_an_empty_database_file_alone_is_a_new_store(db_path: Path) -> None:
     write_file(db_path, b"")  # e.g. a first start that died before its first write
-    store = await Store.open(db_path)
+    store = await SqliteStore.open(db_path)
     try:
         assert await store.list_sessions() == []
     finally:
@@ -225,7 +259,7 @@ async def test_an_empty_or_missing_database_next_to_its_log_is_refused(
     else:
         remove(db_path)
     with pytest.raises(StoreError) as info:
-        await Store.open(db_path)
+        await SqliteStore.open(db_path)
     message = str(info.value)
     assert message.startswith(f"cannot open the store {db_path}: the database file is ")
     assert f"agentd.db{companion} (4096 bytes) is next to it" in message
@@ -237,76 +271,107 @@ async def test_a_directory_where_the_database_should_be_is_named(db_path: Path) 
     with pytest.raises(
         StoreError, match=r"cannot open the store .*agentd\.db: not a regular file \(it is a directory\)"
     ):
-        await Store.open(db_path)
+        await SqliteStore.open(db_path)
 
 
-async def test_migration_hook_runs_each_missing_version_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = await Store.open(db_path)
+async def test_migration_hook_runs_each_missing_version_once(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await backend.open()
     await new_session(store)
     await store.close()
 
-    ran: list[int] = []
-    nxt = store_mod.SCHEMA_VERSION + 1
-
-    def migrate_next(conn: sqlite3.Connection) -> None:
-        ran.append(nxt)
-        conn.execute("ALTER TABLE sessions ADD COLUMN note TEXT")
-
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", nxt)
-    monkeypatch.setitem(store_mod._MIGRATIONS, nxt, migrate_next)
-    store = await Store.open(db_path)
+    nxt = migrations.SCHEMA_VERSION + 1
+    monkeypatch.setattr(migrations, "SCHEMA_VERSION", nxt)
+    monkeypatch.setitem(backend.migrations, nxt, ("ALTER TABLE sessions ADD COLUMN note TEXT",))
+    store = await backend.open()
     await store.close()
-    store = await Store.open(db_path)  # already at the newest version: nothing runs again
+    store = await backend.open()  # already at the newest version: nothing runs again (it would fail: the column exists)
     loaded = await store.load_session("s1")
     await store.close()
 
-    assert ran == [nxt]
-    assert raw(db_path, "PRAGMA user_version") == [(nxt,)]
+    assert backend.schema_version() == nxt
+    assert backend.columns("sessions").count("note") == 1
     assert loaded is not None
     assert loaded.id == "s1"
 
 
-async def test_a_version_1_database_is_migrated_to_the_current_schema(db_path: Path) -> None:
-    conn = sqlite3.connect(db_path)
-    store_mod._migrate_v1(conn)
-    conn.execute("PRAGMA user_version = 1")
-    conn.commit()
-    conn.close()
-    store = await Store.open(db_path)
+async def test_a_version_1_database_is_migrated_to_the_current_schema(backend: Backend) -> None:
+    backend.create_schema(1)
+    store = await backend.open()
     await new_session(store)
     assert (await store.session_counts())["idle"] == 1
     await store.close()
-    assert raw(db_path, "PRAGMA user_version") == [(store_mod.SCHEMA_VERSION,)]
+    assert backend.schema_version() == migrations.SCHEMA_VERSION
 
 
-async def test_a_failed_migration_leaves_the_version_unchanged(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    await (await Store.open(db_path)).close()
-    current = store_mod.SCHEMA_VERSION
+async def test_a_version_2_database_keeps_its_sessions_and_gains_leases(backend: Backend) -> None:
+    """A store written before leases existed (schema 2) opens, with every session and turn, none owned."""
+    backend.create_schema(2)
+    assert backend.schema_version() == 2 and "fence" not in backend.columns("sessions")
+    backend.raw(
+        "INSERT INTO sessions (id, assistant, state, generation, model, created_at, updated_at)"
+        " VALUES ('old', 'triage', 'running', 4, 'echo-small', 1.0, 2.0)"
+    )
+    message = codec.encode_message(UserMessage(content="from before", turn="t1"))
+    backend.raw(
+        "INSERT INTO entries (session, seq, turn, active, message) VALUES ('old', 1, 't1', ?, ?)", True, message
+    )
+    backend.raw(
+        "INSERT INTO turns (session, id, status, message_seq, started_at) VALUES ('old', 't1', 'pending', 1, 3.0)"
+    )
 
-    def broken(conn: sqlite3.Connection) -> None:
-        conn.execute("ALTER TABLE sessions ADD COLUMN note TEXT")
-        conn.execute("THIS IS NOT SQL")
+    store = await backend.open()
+    try:
+        assert backend.schema_version() == migrations.SCHEMA_VERSION
+        loaded = await store.load_session("old")
+        assert loaded is not None and (loaded.state, loaded.generation) == ("running", 4)
+        assert loaded.transcript == [StoredEntry(1, UserMessage(content="from before", turn="t1"))]
+        assert [(s.id, t.id) for s, t in await store.interrupted_turns()] == [("old", "t1")]
+        assert await store.lease_of("old") is None
+        lease = await store.claim("old", "r1", 60.0)
+        assert lease is not None and lease.token == 1
+    finally:
+        await store.close()
 
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", current + 1)
-    monkeypatch.setitem(store_mod._MIGRATIONS, current + 1, broken)
-    with pytest.raises(StoreError, match="THIS"):
-        await Store.open(db_path)
-    assert raw(db_path, "PRAGMA user_version") == [(current,)]
-    assert "note" not in [row[1] for row in raw(db_path, "PRAGMA table_info(sessions)")]
+
+async def test_a_failed_migration_leaves_the_version_unchanged(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await (await backend.open()).close()
+    current = migrations.SCHEMA_VERSION
+    monkeypatch.setattr(migrations, "SCHEMA_VERSION", current + 1)
+    monkeypatch.setitem(
+        backend.migrations, current + 1, ("ALTER TABLE sessions ADD COLUMN note TEXT", "THIS IS NOT SQL")
+    )
+    with pytest.raises(StoreError, match=r"^cannot open the store .*THIS"):
+        await backend.open()
+    assert backend.schema_version() == current
+    assert "note" not in backend.columns("sessions")
+
+
+async def test_opening_again_and_again_migrates_once(backend: Backend) -> None:
+    """Migrations are idempotent: every later open finds the schema current and changes nothing."""
+    for _ in range(3):
+        store = await backend.open()
+        await store.close()
+    assert backend.schema_version() == migrations.SCHEMA_VERSION
+    if backend.name == "postgres":  # one row per migration applied, each once
+        assert backend.raw("SELECT version FROM agentd_schema ORDER BY version") == [
+            (v,) for v in range(1, migrations.SCHEMA_VERSION + 1)
+        ]
 
 
 # --------------------------------------------------------------------------- messages
 
 
-async def test_round_trip_of_every_message_kind(db_path: Path) -> None:
+async def test_round_trip_of_every_message_kind(backend: Backend) -> None:
     messages = every_kind()
-    store = await Store.open(db_path)
+    store = await backend.open()
     created = await store.create_session(
         "s1", assistant="triage", generation=3, model="echo-small", created_at=1000.0, transcript=messages
     )
     await store.close()
 
-    store = await Store.open(db_path)
+    store = await backend.open()
     loaded = await store.load_session("s1")
     await store.close()
 
@@ -316,7 +381,7 @@ async def test_round_trip_of_every_message_kind(db_path: Path) -> None:
     assert loaded.transcript == expected
     assert [type(entry.message) for entry in loaded.transcript] == [type(m) for m in messages]
     # Stored as msgspec JSON of the tagged Message union, nothing else.
-    stored = [json.loads(text) for (text,) in raw(db_path, "SELECT message FROM entries ORDER BY seq")]
+    stored = [json.loads(text) for (text,) in backend.raw("SELECT message FROM entries ORDER BY seq")]
     assert [row["role"] for row in stored] == ["system", "user", "assistant", "tool", "tool", "assistant"]
     assert stored[2]["tool_calls"][0]["arguments"]["nested"] == {"a": [1, 2.5, None, True]}
 
@@ -393,7 +458,7 @@ async def test_begin_and_commit_a_turn(store: Store) -> None:
     assert (turn.started_at, turn.ended_at, turn.error) == (1500.0, 1600.0, None)
 
 
-async def test_commit_returns_the_record_as_stored(store: Store) -> None:
+async def test_commit_returns_the_record_as_stored(store: Store, backend: Backend) -> None:
     """What commit_turn returns is what load_session gives back: begin_turn's started_at, not the child's."""
     await new_session(store)
     await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
@@ -412,7 +477,7 @@ async def test_commit_returns_the_record_as_stored(store: Store) -> None:
     session = await store.load_session("s1")
     assert session is not None
     assert session.turns == [committed.record]
-    assert raw(store.path, "SELECT started_at FROM turns WHERE id = 't1'") == [(1500.0,)]
+    assert backend.raw("SELECT started_at FROM turns WHERE id = 't1'") == [(1500.0,)]
 
 
 async def test_a_session_lists_ended_turns_as_records_and_the_pending_one_as_started(store: Store) -> None:
@@ -467,14 +532,14 @@ class EncoderFailure(RuntimeError):
 
 @pytest.mark.parametrize("replace_history", [False, True], ids=["append", "transcript-replacement"])
 async def test_commit_is_atomic(
-    store: Store, db_path: Path, monkeypatch: pytest.MonkeyPatch, replace_history: bool
+    store: Store, backend: Backend, monkeypatch: pytest.MonkeyPatch, replace_history: bool
 ) -> None:
     await new_session(store)
     await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
-    before = raw(db_path, "SELECT seq, active, message FROM entries ORDER BY seq")
+    before = backend.raw("SELECT seq, active, message FROM entries ORDER BY seq")
     messages = [reply("t1", f"part {i}") for i in range(3)]
 
-    original = store_mod._encode_message
+    original = codec.encode_message
     calls = 0
 
     def failing(message: Message) -> str:
@@ -484,7 +549,7 @@ async def test_commit_is_atomic(
             raise EncoderFailure("disk on fire")
         return original(message)
 
-    monkeypatch.setattr(store_mod, "_encode_message", failing)
+    monkeypatch.setattr(codec, "encode_message", failing)
     transcript: list[Message] | None = None
     if replace_history:
         transcript = [SystemMessage(content="S2", name="billing"), *messages]
@@ -493,7 +558,7 @@ async def test_commit_is_atomic(
     assert calls == 2
 
     # Nothing of the turn was written: same entries (all still active), turn still pending, session unchanged.
-    assert raw(db_path, "SELECT seq, active, message FROM entries ORDER BY seq") == before
+    assert backend.raw("SELECT seq, active, message FROM entries ORDER BY seq") == before
     session = await store.load_session("s1")
     assert session is not None
     assert (session.state, session.assistant) == ("running", "triage")
@@ -501,34 +566,34 @@ async def test_commit_is_atomic(
     assert pending == StartedTurn(id="t1", message=UserMessage(content="hello", turn="t1"), started_at=1500.0)
 
     # The same turn can still be committed once the failure is gone.
-    monkeypatch.setattr(store_mod, "_encode_message", original)
+    monkeypatch.setattr(codec, "encode_message", original)
     seqs = await commit(store, "s1", "t1", messages, assistant="billing", transcript=transcript)
     assert seqs == ((3, 4, 5, 6) if replace_history else (3, 4, 5))
     assert await store.pending_turn("s1") is None
 
 
-async def test_a_duplicate_commit_is_refused_and_writes_nothing(store: Store, db_path: Path) -> None:
+async def test_a_duplicate_commit_is_refused_and_writes_nothing(store: Store, backend: Backend) -> None:
     await new_session(store)
     await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
     result = record("t1", ended_at=1600.0)
     messages = [reply("t1", "hi"), reply("t1", "again")]
     assert (await store.commit_turn("s1", result, assistant="triage", messages=messages)).seqs == (3, 4)
-    entries = raw(db_path, "SELECT * FROM entries ORDER BY seq")
-    turns = raw(db_path, "SELECT * FROM turns")
-    sessions = raw(db_path, "SELECT * FROM sessions")
+    entries = backend.raw("SELECT * FROM entries ORDER BY seq")
+    turns = backend.raw("SELECT * FROM turns ORDER BY n")
+    sessions = backend.raw("SELECT * FROM sessions")
 
     with pytest.raises(StoreError, match=r"session s1 turn t1.*not pending \(status completed\)"):
         await store.commit_turn("s1", result, assistant="triage", messages=messages)
     with pytest.raises(StoreError, match=r"session s1 turn t1"):
         await commit(store, "s1", "t1", [reply("t1", "other")], transcript=[reply("t1", "x")])
 
-    assert raw(db_path, "SELECT * FROM entries ORDER BY seq") == entries
-    assert raw(db_path, "SELECT * FROM turns") == turns
-    assert raw(db_path, "SELECT * FROM sessions") == sessions
+    assert backend.raw("SELECT * FROM entries ORDER BY seq") == entries
+    assert backend.raw("SELECT * FROM turns ORDER BY n") == turns
+    assert backend.raw("SELECT * FROM sessions") == sessions
 
 
 async def test_transcript_replacement_keeps_old_entries_inactive_and_seqs_increasing(
-    store: Store, db_path: Path
+    store: Store, backend: Backend
 ) -> None:
     await new_session(store)
     await store.begin_turn("s1", "t1", UserMessage(content="bill me"), started_at=1500.0)
@@ -562,14 +627,13 @@ async def test_transcript_replacement_keeps_old_entries_inactive_and_seqs_increa
     assert [e.message for e in session.transcript] == new_transcript
     assert session.turns[1] == record("t2", status=TurnStatus.TRANSFERRED, started_at=1600.0)
     # The turn's input is still reachable although its entry is no longer active.
-    [(message,)] = raw(
-        db_path,
+    [(message,)] = backend.raw(
         "SELECT e.message FROM turns t JOIN entries e ON (e.session, e.seq) = (t.session,"
-        " t.message_seq) WHERE t.id = 't2' AND e.active = 0",
+        " t.message_seq) WHERE t.id = 't2' AND NOT e.active",
     )
     assert json.loads(message)["content"] == "transfer me to billing"
     # Old entries are all still in the file, inactive.
-    assert raw(db_path, "SELECT seq, active FROM entries ORDER BY seq") == [
+    assert backend.raw("SELECT seq, active FROM entries ORDER BY seq") == [
         (1, 0),
         (2, 0),
         (3, 0),
@@ -580,7 +644,7 @@ async def test_transcript_replacement_keeps_old_entries_inactive_and_seqs_increa
         (8, 1),
     ]
     assert [
-        json.loads(m)["content"] for (m,) in raw(db_path, "SELECT message FROM entries WHERE active = 0 ORDER BY seq")
+        json.loads(m)["content"] for (m,) in backend.raw("SELECT message FROM entries WHERE NOT active ORDER BY seq")
     ] == ["You route customers.", "bill me", "one moment", "transfer me to billing"]
 
     # Appending after a replacement continues the sequence.
@@ -679,7 +743,7 @@ async def test_sessions_are_rows_paged_counted_and_read_without_their_transcript
     first = await store.list_sessions(limit=2)
     assert [s.id for s in first] == ["old", "mid"]
     assert [s.id for s in await store.list_sessions(limit=2, after=first[-1].id)] == ["new"]
-    with pytest.raises(StoreError, match="no session 'nope'"):
+    with pytest.raises(UnknownSession, match="no session 'nope'"):
         await store.list_sessions(after="nope")
 
     assert await store.session_counts() == {"closed": 1, "failed": 1, "idle": 0, "running": 1}
@@ -697,8 +761,8 @@ async def test_sessions_are_rows_paged_counted_and_read_without_their_transcript
     assert await store.load_session("nope") is None
 
 
-async def test_reopen_restores_everything_including_a_pending_turn(db_path: Path) -> None:
-    store = await Store.open(db_path)
+async def test_reopen_restores_everything_including_a_pending_turn(backend: Backend) -> None:
+    store = await backend.open()
     await new_session(store, transcript=every_kind("t0"))
     await store.begin_turn("s1", "t1", UserMessage(content="first"), started_at=1500.0)
     await commit(store, "s1", "t1", [reply("t1", "answer")], usage=Usage(3, 4), models=("echo-small",))
@@ -708,7 +772,7 @@ async def test_reopen_restores_everything_including_a_pending_turn(db_path: Path
     before = await store.load_session("s1")
     await store.close()
 
-    store = await Store.open(db_path)
+    store = await backend.open()
     try:
         after = await store.load_session("s1")
         assert after == before
@@ -734,13 +798,15 @@ async def test_reopen_restores_everything_including_a_pending_turn(db_path: Path
 
 
 async def test_errors_name_the_session_and_turn(store: Store) -> None:
-    with pytest.raises(StoreError, match=r"session ghost turn t1: the session is unknown"):
+    with pytest.raises(UnknownSession, match=r"session ghost turn t1: the session is unknown"):
         await store.begin_turn("ghost", "t1", UserMessage(content="hi"), started_at=1.0)
-    with pytest.raises(StoreError, match=r"session ghost turn t1: the session is unknown"):
+    with pytest.raises(UnknownSession, match=r"session ghost turn t1: the session is unknown"):
         await commit(store, "ghost", "t1")
-    with pytest.raises(StoreError, match=r"session ghost is unknown"):
+    with pytest.raises(UnknownSession, match=r"session ghost turn t1: the session is unknown"):
+        await store.abandon_turn("ghost", "t1", status="cancelled", error=None, ended_at=1.0)
+    with pytest.raises(UnknownSession, match=r"session ghost is unknown"):
         await store.update_session("ghost", state="idle")
-    with pytest.raises(StoreError, match=r"session ghost is unknown"):
+    with pytest.raises(UnknownSession, match=r"session ghost is unknown"):
         await store.pending_turn("ghost")
 
     await new_session(store)
@@ -774,8 +840,8 @@ async def test_errors_name_the_session_and_turn(store: Store) -> None:
     assert [e.seq for e in session.transcript] == [1, 2, 3]
 
 
-async def test_calls_on_a_closed_store_are_refused(db_path: Path) -> None:
-    store = await Store.open(db_path)
+async def test_calls_on_a_closed_store_are_refused(backend: Backend) -> None:
+    store = await backend.open()
     await store.close()
     await store.close()  # idempotent
     with pytest.raises(StoreError, match="store is closed"):
@@ -785,8 +851,8 @@ async def test_calls_on_a_closed_store_are_refused(db_path: Path) -> None:
 # --------------------------------------------------------------------------- concurrency and the event loop
 
 
-async def test_many_concurrent_sessions_are_all_durable(db_path: Path) -> None:
-    store = await Store.open(db_path)
+async def test_many_concurrent_sessions_are_all_durable(backend: Backend) -> None:
+    store = await backend.open()
 
     async def converse(index: int) -> None:
         session_id = f"s{index:02d}"
@@ -804,7 +870,7 @@ async def test_many_concurrent_sessions_are_all_durable(db_path: Path) -> None:
             tg.start_soon(converse, index)
     await store.close()
 
-    store = await Store.open(db_path)
+    store = await backend.open()
     try:
         assert len(await store.list_sessions()) == 50
         for index in range(50):
@@ -825,18 +891,20 @@ async def test_many_concurrent_sessions_are_all_durable(db_path: Path) -> None:
         await store.close()
 
 
-async def test_a_store_call_does_not_block_the_event_loop(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_sqlite_store_call_does_not_block_the_event_loop(
+    sqlite_store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """While a big commit is inside its transaction, other tasks keep running on the loop.
 
     The commit's worker pauses inside the transaction until a task on the event loop has ticked
     several times. If the store ran on the loop thread, ``from_thread`` would refuse to run (and a
     blocked loop could never tick): the commit would fail instead of finishing in this order.
     """
-    await new_session(store)
-    await store.begin_turn("s1", "t1", UserMessage(content="write a lot"), started_at=1.0)
+    await new_session(sqlite_store)
+    await sqlite_store.begin_turn("s1", "t1", UserMessage(content="write a lot"), started_at=1.0)
     messages = [reply("t1", f"chunk {i} " + "x" * 2000) for i in range(500)]
 
-    original = store_mod._encode_message
+    original = codec.encode_message
     in_transaction = anyio.Event()
     release = threading.Event()
     log: list[str] = []
@@ -851,7 +919,7 @@ async def test_a_store_call_does_not_block_the_event_loop(store: Store, monkeypa
             log.append("worker resumed" if released else "worker never released")
         return original(message)
 
-    monkeypatch.setattr(store_mod, "_encode_message", pausing)
+    monkeypatch.setattr(codec, "encode_message", pausing)
 
     async def ticker() -> None:
         await in_transaction.wait()
@@ -862,7 +930,7 @@ async def test_a_store_call_does_not_block_the_event_loop(store: Store, monkeypa
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
-        seqs = await commit(store, "s1", "t1", messages)
+        seqs = await commit(sqlite_store, "s1", "t1", messages)
         log.append("commit returned")
 
     assert log == [*(f"tick {i}" for i in range(5)), "worker resumed", "commit returned"]
@@ -870,20 +938,22 @@ async def test_a_store_call_does_not_block_the_event_loop(store: Store, monkeypa
     assert seqs == tuple(range(3, 503))
 
 
-async def test_a_cancelled_caller_does_not_tear_a_commit(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_cancelled_caller_does_not_tear_a_commit(
+    store: Store, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Cancelling the task awaiting a commit while it runs: the transaction still completes whole."""
     await new_session(store)
     await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1.0)
     messages = [reply("t1", f"part {i}") for i in range(5)]
-    original = store_mod._encode_message
+    original = codec.encode_message
     scope = anyio.CancelScope()
 
     def cancelling(message: Message) -> str:
         if message is messages[0]:
-            anyio.from_thread.run_sync(scope.cancel)
+            on_the_loop(scope.cancel)
         return original(message)
 
-    monkeypatch.setattr(store_mod, "_encode_message", cancelling)
+    monkeypatch.setattr(codec, "encode_message", cancelling)
     with scope:
         await commit(store, "s1", "t1", messages)
         await anyio.lowlevel.checkpoint()  # the cancellation is delivered here at the latest
@@ -891,8 +961,8 @@ async def test_a_cancelled_caller_does_not_tear_a_commit(store: Store, monkeypat
     assert scope.cancel_called
     assert scope.cancelled_caught
     # As soon as the cancelled caller has control back, the commit is whole in the file.
-    assert raw(store.path, "SELECT COUNT(*) FROM entries WHERE turn = 't1'") == [(6,)]
-    assert raw(store.path, "SELECT status FROM turns WHERE id = 't1'") == [("completed",)]
+    assert backend.raw("SELECT COUNT(*) FROM entries WHERE turn = 't1'") == [(6,)]
+    assert backend.raw("SELECT status FROM turns WHERE id = 't1'") == [("completed",)]
 
     session = await store.load_session("s1")
     assert session is not None
@@ -917,9 +987,11 @@ async def test_stored_structs_are_frozen(store: Store) -> None:
         reloaded.turns[0].id = "t2"  # type: ignore[misc]
 
 
-def test_the_store_imports_neither_the_protocol_nor_the_api_views() -> None:
-    """The store keeps domain records (agentd.records), so it must not pull in the wire or the HTTP layer."""
-    code = "import sys, agentd.store; print(sorted(m for m in ('agentd.protocol', 'agentd.views') if m in sys.modules))"
+def test_the_store_imports_neither_the_protocol_nor_the_api_views_nor_the_postgres_driver() -> None:
+    """The store keeps domain records (agentd.records), so it must not pull in the wire or the HTTP layer;
+    and the embedded default must not need the optional PostgreSQL driver."""
+    modules = ("agentd.protocol", "agentd.views", "psycopg", "psycopg_pool", "agentd.store.postgres")
+    code = f"import sys, agentd.store; print(sorted(m for m in {modules!r} if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 

@@ -57,5 +57,7 @@ async def block_child(label: str = "") -> str:
 
 @side_effect_free
 def env_names(label: str = "") -> str:
-    """The names (never the values) of the environment variables the tool can see."""
-    return " ".join(sorted(os.environ))
+    """The names (never the values) of the environment variables the tool sees; also logged."""
+    names = " ".join(sorted(os.environ))
+    _log("env " + names)
+    return names

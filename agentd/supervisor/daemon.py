@@ -1,7 +1,8 @@
 """``agentd run``: the supervisor process in the foreground.
 
-Start-up: config → swap policy → state dir lock (``agentd.pid``, flock) → store → restore sessions
-→ API on ``agentd.sock`` (mode 0600) and optionally TCP → ``READY=1``. Signals: SIGHUP reloads
+Start-up: config → swap policy → state dir lock (``agentd.pid``, flock) → store (``[store]``:
+SQLite in the state dir, or PostgreSQL) → restore sessions → API on ``agentd.sock`` (mode 0600)
+and optionally TCP → ``READY=1``. Signals: SIGHUP reloads
 (coalesced by the reload coordinator); SIGTERM/SIGINT drain in-flight turns for ``stop_grace``,
 then stop children with the kill ladder and exit 0 on a clean drain; a second one forces it.
 """
@@ -31,7 +32,7 @@ from agentd import events
 from agentd.api import BearerAuth, build_app
 from agentd.config import READ_TIMEOUT, Config, ConfigError, PolicyChoice, resolve_swap_policy
 from agentd.obs import configure_logging, get_logger
-from agentd.store import Store, StoreError
+from agentd.store import StoreError, open_store
 from agentd.supervisor.core import Supervisor, load_daemon_config
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.systemd import notify
@@ -42,7 +43,6 @@ EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
 PID_FILE = "agentd.pid"
 SOCKET_FILE = "agentd.sock"
-DB_FILE = "agentd.db"
 WATCH_INTERVAL = 1.0
 SERVER_EXIT_GRACE = 3.0
 
@@ -224,8 +224,8 @@ async def _serve(
 ) -> int:
     use_pidfd_child_watcher()
     try:
-        store = await Store.open(state_dir / DB_FILE)
-    except StoreError as exc:  # "cannot open the store <path>: <reason>": the operator's to fix, no traceback
+        store = await open_store(config.store, state_dir, os.environ)
+    except StoreError as exc:  # "cannot open the store <where>: <reason>": the operator's to fix, no traceback
         return _fail(str(exc), EXIT_RUNTIME)
     supervisor = Supervisor(options, config, policy, store)
     socket_path = state_dir / SOCKET_FILE
@@ -247,6 +247,7 @@ async def _serve(
                     "supervisor.started",
                     pid=os.getpid(),
                     state_dir=str(state_dir),
+                    store=store.location,
                     generation=supervisor.generation,
                     model_swap=policy.policy.value,
                     model_swap_source=policy.source,

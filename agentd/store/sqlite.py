@@ -1,31 +1,24 @@
-"""The supervisor's durable store (RFC 0003 §3): sessions, their transcripts and their turns.
+"""The SQLite store (RFC 0003 §3): the embedded default, one database file and no server.
 
-SQLite through the stdlib ``sqlite3`` module, one database file (``STATE_DIR/agentd.db``) in WAL
-mode with ``synchronous=FULL``: once a store call that writes has returned, what it wrote survives
-a crash of the process or of the machine. The one exception is a write its caller marks
-``durable=False`` (``begin_turn`` of a message whose client waits for the turn's answer): it is in
-the database at once, so it survives a crash of the process, and it becomes durable against a
-crash of the machine with the next durable commit (the WAL is one sequential file: syncing it
-syncs every earlier write). Its client is answered only after that commit, so a machine crash
-before it loses only a message nobody was told was accepted.
+``STATE_DIR/agentd.db`` through the stdlib ``sqlite3`` module, in WAL mode with
+``synchronous=FULL``: once a store call that writes has returned, what it wrote survives a crash
+of the process or of the machine — except a write its caller marks ``durable=False``
+(``begin_turn`` of a message whose client waits for the turn's answer): it is in the database at
+once, so it survives a crash of the process, and becomes durable against a crash of the machine
+with the next durable commit (the WAL is one sequential file: syncing it syncs every earlier
+write). It keeps the rules of ``agentd.store.base``; what is SQLite's own:
 
-Rules the schema and the calls keep:
-
-- A user message is stored (``begin_turn``) before it is delivered to a child; a turn's results
-  are written by exactly one transaction (``commit_turn``) and nothing else is ever written for a
-  turn. A failure inside that transaction leaves nothing of it behind and the turn still pending.
-- Entries are never deleted. A transfer that rewrites history marks the old entries inactive and
-  inserts the new transcript; a session's transcript is its active entries in ``seq`` order.
-  ``seq`` is per session, increasing, never reused.
-- Messages are stored as msgspec JSON of the ``agentd.messages.Message`` union and nothing else:
-  no configuration, no environment, so no secret can reach the file.
 - Every database call runs in a worker thread, one at a time, on one connection, so the
   supervisor's event loop is never blocked by disk I/O (``anyio.to_thread.run_sync`` with a
   ``CapacityLimiter(1)``). A caller cancelled while its call runs does not tear the call: the
   transaction completes (or rolls back) before the cancellation is delivered.
+- Writes are group-committed (``_write``): one transaction and one fsync for every write that
+  arrived while the previous batch was being written, each in a savepoint of its own.
+- Leases work as on PostgreSQL (one daemon owns the state dir, so in practice one replica holds
+  them all); their clock is this machine's ``time.time()``.
 
-The schema version lives in ``PRAGMA user_version``; ``_MIGRATIONS`` maps each version to the
-function that brings the database from the previous version to it.
+The schema version lives in ``PRAGMA user_version``; ``agentd.store.migrations.SQLITE`` maps each
+version to the statements that bring the database from the previous version to it.
 """
 
 from __future__ import annotations
@@ -35,58 +28,30 @@ import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar, get_args
+from typing import Any, Generic, TypeVar
 
 import anyio
 import msgspec
 
 from agentd.budget import TurnStatus, Usage
-from agentd.messages import AssistantMessage, Message, SystemMessage, ToolResult, UserMessage
-from agentd.records import PENDING, Discarded, SessionState, StartedTurn, TurnRecord
+from agentd.messages import Message, UserMessage
+from agentd.records import PENDING, SessionState, StartedTurn, TurnRecord
+from agentd.store import codec, migrations
+from agentd.store.base import (
+    CommittedTurn,
+    Lease,
+    LeaseLost,
+    Store,
+    StoredEntry,
+    StoredSession,
+    StoreError,
+    StoreUnavailable,
+    UnknownSession,
+)
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "CommittedTurn",
-    "Store",
-    "StoreError",
-    "StoreUnavailable",
-    "StoredEntry",
-    "StoredSession",
-    "UnknownSession",
-]
+__all__ = ["SqliteStore"]
 
 T = TypeVar("T")
-
-#: The schema version this code writes; ``PRAGMA user_version`` of an up-to-date database.
-SCHEMA_VERSION = 2
-
-_SESSION_STATES: frozenset[str] = frozenset(get_args(SessionState))
-_TURN_STATUSES: frozenset[str] = frozenset(status.value for status in TurnStatus)
-_MESSAGE_TYPES = (UserMessage, AssistantMessage, SystemMessage, ToolResult)
-
-_json_encoder = msgspec.json.Encoder()
-_message_decoder = msgspec.json.Decoder(Message)
-_discarded_decoder = msgspec.json.Decoder(tuple[Discarded, ...])
-_models_decoder = msgspec.json.Decoder(tuple[str, ...])
-
-
-class StoreError(Exception):
-    """A store call that cannot be done; the message names the session and turn concerned."""
-
-
-class StoreUnavailable(StoreError):
-    """The database itself failed (I/O error, disk full, locked by another process): not the call's fault.
-
-    ``full`` is set when the disk (or the database's size limit) is full.
-    """
-
-    def __init__(self, message: str, *, full: bool = False) -> None:
-        super().__init__(message)
-        self.full = full
-
-
-class UnknownSession(StoreError):
-    """A call named a session the store does not have."""
 
 
 def _wrap(what: str, exc: BaseException) -> StoreError:
@@ -101,134 +66,14 @@ def _wrap(what: str, exc: BaseException) -> StoreError:
     return StoreError(text)
 
 
-class StoredEntry(msgspec.Struct, frozen=True):
-    """One transcript entry: its per-session sequence number and the message."""
-
-    seq: int
-    message: Message
-
-
-class CommittedTurn(msgspec.Struct, frozen=True):
-    """What ``commit_turn`` wrote: the turn's record as stored, and the seqs of the entries it added."""
-
-    record: TurnRecord
-    seqs: tuple[int, ...]
-
-
-class StoredSession(msgspec.Struct, frozen=True, kw_only=True):
-    """A session as stored. ``transcript`` and ``turns`` are empty in ``list_sessions`` results.
-
-    ``turns`` are in start order: a ``TurnRecord`` for each turn that ended, a ``StartedTurn``
-    for the one still pending (at most one).
-    """
-
-    id: str
-    assistant: str
-    state: SessionState
-    generation: int
-    model: str
-    created_at: float
-    updated_at: float
-    transcript: list[StoredEntry] = []
-    turns: list[TurnRecord | StartedTurn] = []
-    turn_count: int = 0  # how many turns the session has had (filled in summaries too)
-
-
-# --------------------------------------------------------------------------- schema
-
-
-def _migrate_v1(conn: sqlite3.Connection) -> None:
-    """Version 1: sessions, entries (the transcripts, append-only) and turns."""
-    conn.execute(
-        """
-        CREATE TABLE sessions (
-            id          TEXT PRIMARY KEY,
-            assistant   TEXT NOT NULL,
-            state       TEXT NOT NULL CHECK (state IN ('idle', 'running', 'failed', 'closed')),
-            generation  INTEGER NOT NULL,
-            model       TEXT NOT NULL,
-            created_at  REAL NOT NULL,
-            updated_at  REAL NOT NULL
-        )
-        """
-    )
-    conn.execute(
-        """
-        CREATE TABLE entries (
-            session  TEXT NOT NULL REFERENCES sessions (id),
-            seq      INTEGER NOT NULL CHECK (seq > 0),
-            turn     TEXT,
-            active   INTEGER NOT NULL CHECK (active IN (0, 1)),
-            message  TEXT NOT NULL,
-            PRIMARY KEY (session, seq)
-        )
-        """
-    )
-    conn.execute("CREATE INDEX entries_active ON entries (session, seq) WHERE active = 1")
-    conn.execute(
-        """
-        CREATE TABLE turns (
-            n              INTEGER PRIMARY KEY,
-            session        TEXT NOT NULL REFERENCES sessions (id),
-            id             TEXT NOT NULL,
-            status         TEXT NOT NULL,
-            message_seq    INTEGER,
-            models         TEXT NOT NULL DEFAULT '[]',
-            steps          INTEGER NOT NULL DEFAULT 0,
-            restarts       INTEGER NOT NULL DEFAULT 0,
-            discarded      TEXT NOT NULL DEFAULT '[]',
-            input_tokens   INTEGER NOT NULL DEFAULT 0,
-            output_tokens  INTEGER NOT NULL DEFAULT 0,
-            started_at     REAL NOT NULL,
-            ended_at       REAL,
-            error          TEXT,
-            UNIQUE (session, id),
-            FOREIGN KEY (session, message_seq) REFERENCES entries (session, seq)
-        )
-        """
-    )
-    # The database itself refuses a second pending turn in one session.
-    conn.execute("CREATE UNIQUE INDEX turns_one_pending ON turns (session) WHERE status = 'pending'")
-
-
-def _migrate_v2(conn: sqlite3.Connection) -> None:
-    """Version 2: sessions are rows loaded on demand; counting and paging them must not scan turns.
-
-    ``sessions_state`` serves the status counts and the per-assistant counts of a reload; paging
-    uses the rowid (creation order). Turns are counted per session through ``UNIQUE (session, id)``.
-    """
-    conn.execute("CREATE INDEX sessions_state ON sessions (state, assistant)")
-
-
-#: version -> the migration that brings a database at version-1 to it (each runs in one transaction).
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1, 2: _migrate_v2}
-
-
-# --------------------------------------------------------------------------- encoding
-
-
-def _encode_message(message: Message) -> str:
-    """The stored form of one message: msgspec JSON of the ``Message`` union (tag ``role``)."""
-    return _json_encoder.encode(message).decode()
-
-
-def _decode_message(text: str) -> Message:
-    return _message_decoder.decode(text)
-
-
-def _check_message(message: object, where: str) -> None:
-    if not isinstance(message, _MESSAGE_TYPES):
-        raise StoreError(f"{where}: not a transcript message: {type(message).__name__}")
-
-
 # --------------------------------------------------------------------------- store
 
 
-class Store:
-    """The durable store of the supervisor. Open with ``await Store.open(path)``."""
+class SqliteStore(Store):
+    """The SQLite store. Open with ``await SqliteStore.open(path)``."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
-        """Wrap an open, migrated connection; use ``Store.open`` instead."""
+        """Wrap an open, migrated connection; use ``SqliteStore.open`` instead."""
         self._conn: sqlite3.Connection | None = conn
         self._path = path
         self._limiter = anyio.CapacityLimiter(1)
@@ -240,7 +85,7 @@ class Store:
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    async def open(cls, path: Path) -> Store:
+    async def open(cls, path: Path) -> SqliteStore:
         """Open (creating if needed) the database at ``path`` and bring its schema up to date.
 
         StoreError if the file cannot be opened, WAL cannot be enabled, or the database was
@@ -268,6 +113,10 @@ class Store:
         """The database file."""
         return self._path
 
+    @property
+    def location(self) -> str:
+        return str(self._path)
+
     # ------------------------------------------------------------------ sessions
 
     async def create_session(
@@ -280,13 +129,9 @@ class Store:
         created_at: float,
         transcript: Sequence[Message] = (),
     ) -> StoredSession:
-        """Store a new session in state ``idle`` with its initial transcript (e.g. the opener).
-
-        StoreError if a session with this id exists.
-        """
         where = f"session {session_id}"
         for message in transcript:
-            _check_message(message, where)
+            codec.check_message(message, where)
 
         def op(conn: sqlite3.Connection) -> StoredSession:
             if _session_row(conn, session_id) is not None:
@@ -311,14 +156,10 @@ class Store:
         generation: int | None = None,
         model: str | None = None,
         assistant: str | None = None,
+        lease: Lease | None = None,
     ) -> None:
-        """Set the given fields of a session (the others are kept); ``updated_at`` becomes now.
-
-        StoreError if the session is unknown or ``state`` is not a session state.
-        """
         where = f"session {session_id}"
-        if state is not None and state not in _SESSION_STATES:
-            raise StoreError(f"{where}: unknown state {state!r} (expected one of {sorted(_SESSION_STATES)})")
+        codec.check_state(state, where)
         fields: dict[str, Any] = {
             name: value
             for name, value in (
@@ -332,8 +173,10 @@ class Store:
         now = time.time()
 
         def op(conn: sqlite3.Connection) -> None:
-            if _session_row(conn, session_id) is None:
-                raise StoreError(f"{where} is unknown")
+            row = _session_row(conn, session_id)
+            if row is None:
+                raise UnknownSession(f"{where} is unknown")
+            _check_fence(row, lease, f"cannot update {where}")
             assignments = ", ".join(f"{name} = ?" for name in fields)
             conn.execute(
                 f"UPDATE sessions SET {assignments}{', ' if assignments else ''}updated_at = ? WHERE id = ?",
@@ -343,12 +186,9 @@ class Store:
         await self._write(f"update {where}", op)
 
     async def load_session(self, session_id: str) -> StoredSession | None:
-        """The session with its active transcript and all its turns, or None if unknown."""
         return await self._read(f"load session {session_id}", lambda conn: _load_session(conn, session_id))
 
     async def session_summary(self, session_id: str) -> StoredSession | None:
-        """The session's row only (no transcript, no turns; ``turn_count`` 0), or None if unknown."""
-
         def op(conn: sqlite3.Connection) -> StoredSession | None:
             row = _session_row(conn, session_id)
             return None if row is None else _session_from_row(row)
@@ -356,24 +196,17 @@ class Store:
         return await self._read(f"read session {session_id}", op)
 
     async def transcript(self, session_id: str, *, exclude_turn: str | None = None) -> list[Message]:
-        """The session's active transcript in order; ``exclude_turn``'s entries left out (its input re-runs)."""
-
         def op(conn: sqlite3.Connection) -> list[Message]:
             rows = conn.execute(
                 "SELECT message FROM entries WHERE session = ? AND active = 1 AND (turn IS NULL OR turn != ?)"
                 " ORDER BY seq",
                 (session_id, exclude_turn or ""),
             )
-            return [_decode_message(text) for (text,) in rows]
+            return [codec.decode_message(text) for (text,) in rows]
 
         return await self._read(f"read transcript of session {session_id}", op)
 
     async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[StoredSession]:
-        """One page of sessions (closed ones included) in creation order, newest last; transcript/turns empty.
-
-        ``after`` is the id of the last session of the previous page. StoreError if it is unknown.
-        """
-
         def op(conn: sqlite3.Connection) -> list[StoredSession]:
             start = 0
             if after is not None:
@@ -391,8 +224,6 @@ class Store:
         return await self._read("list sessions", op)
 
     async def interrupted_turns(self) -> list[tuple[StoredSession, StartedTurn]]:
-        """Every pending turn of a session that is not closed, oldest first: what a restart resumes."""
-
         def op(conn: sqlite3.Connection) -> list[tuple[StoredSession, StartedTurn]]:
             found = []
             for turn in conn.execute(
@@ -406,18 +237,14 @@ class Store:
         return await self._read("list interrupted turns", op)
 
     async def session_counts(self) -> dict[str, int]:
-        """How many sessions are in each state (``idle``, ``running``, ``failed``, ``closed``)."""
-
         def op(conn: sqlite3.Connection) -> dict[str, int]:
-            counts = dict.fromkeys(sorted(_SESSION_STATES), 0)
+            counts = dict.fromkeys(sorted(codec.SESSION_STATES), 0)
             counts.update(conn.execute("SELECT state, COUNT(*) FROM sessions GROUP BY state").fetchall())
             return counts
 
         return await self._read("count sessions", op)
 
     async def open_sessions_by_assistant(self) -> dict[str, int]:
-        """How many sessions that are not closed are on each assistant."""
-
         def op(conn: sqlite3.Connection) -> dict[str, int]:
             return dict(
                 conn.execute(
@@ -438,14 +265,6 @@ class Store:
         *,
         durable: bool = True,
     ) -> int | None:
-        """Start a turn in one transaction: store its user message, a ``pending`` turn row, state ``running``.
-
-        The message is stored with its ``turn`` field set to ``turn_id``. Returns the message's
-        seq, or None for an opener turn (``message`` None). StoreError if the session is unknown
-        or closed, already has a pending turn, or already had a turn with this id. ``durable``
-        False: not synced to disk by itself (see the module docstring) — for a client that hears
-        nothing before the turn's own, durable, commit.
-        """
         where = f"session {session_id} turn {turn_id}"
         if message is not None:
             if not isinstance(message, UserMessage):
@@ -455,7 +274,7 @@ class Store:
         def op(conn: sqlite3.Connection) -> int | None:
             row = _session_row(conn, session_id)
             if row is None:
-                raise StoreError(f"cannot begin {where}: the session is unknown")
+                raise UnknownSession(f"cannot begin {where}: the session is unknown")
             if row["state"] == "closed":
                 raise StoreError(f"cannot begin {where}: the session is closed")
             pending = conn.execute(
@@ -484,20 +303,8 @@ class Store:
         messages: Sequence[Message] = (),
         transcript: Sequence[Message] | None = None,
         model: str | None = None,
+        lease: Lease | None = None,
     ) -> CommittedTurn:
-        """Write a finished turn in one transaction — the only write for its results.
-
-        Appends ``messages`` as active entries or, when ``transcript`` is given (a transfer
-        rewrote history), marks every active entry inactive and inserts ``transcript`` as the new
-        active transcript. Sets the turn's status, models, steps, restarts, discarded, usage,
-        ended_at and error from ``record``, and the session's ``assistant``, state (``idle``
-        unless ``closed``), updated_at, and — when a transfer changed the assistant — ``model``.
-        ``record.started_at`` is not written: a turn started when ``begin_turn`` stored it, and
-        the returned record carries that time.
-
-        StoreError if the session or turn is unknown or the turn is not pending (a duplicate
-        commit writes nothing). If anything fails, nothing of the turn is written.
-        """
         where = f"session {session_id} turn {record.id}"
         try:
             status = TurnStatus(record.status)
@@ -505,10 +312,10 @@ class Store:
             raise StoreError(f"cannot commit {where}: unknown status {record.status!r}") from None
         new_messages = messages if transcript is None else transcript
         for message in new_messages:
-            _check_message(message, where)
+            codec.check_message(message, where)
 
         def op(conn: sqlite3.Connection) -> CommittedTurn:
-            turn = _pending_turn_row(conn, session_id, record.id, f"cannot commit {where}")
+            turn = _pending_turn_row(conn, session_id, record.id, f"cannot commit {where}", lease)
             if transcript is not None:
                 conn.execute("UPDATE entries SET active = 0 WHERE session = ? AND active = 1", (session_id,))
             seqs = _insert_entries(conn, session_id, new_messages)
@@ -517,10 +324,10 @@ class Store:
                 " input_tokens = ?, output_tokens = ?, ended_at = ?, error = ? WHERE n = ?",
                 (
                     status.value,
-                    _json_encoder.encode(record.models).decode(),
+                    codec.encode_json(record.models),
                     record.steps,
                     record.restarts,
-                    _json_encoder.encode(record.discarded).decode(),
+                    codec.encode_json(record.discarded),
                     record.usage.input_tokens,
                     record.usage.output_tokens,
                     record.ended_at,
@@ -539,22 +346,23 @@ class Store:
         return await self._write(f"commit {where}", op)
 
     async def abandon_turn(
-        self, session_id: str, turn_id: str, *, status: str, error: str | None, ended_at: float
+        self,
+        session_id: str,
+        turn_id: str,
+        *,
+        status: str,
+        error: str | None,
+        ended_at: float,
+        lease: Lease | None = None,
     ) -> None:
-        """End a pending turn without results (e.g. its session was closed); its user message stays.
-
-        ``status`` must be a TurnStatus value. A ``running`` session becomes ``idle``; a
-        ``failed`` or ``closed`` one keeps its state. StoreError if the turn is unknown or not
-        pending.
-        """
         where = f"session {session_id} turn {turn_id}"
-        if status not in _TURN_STATUSES:
+        if status not in codec.TURN_STATUSES:
             raise StoreError(
-                f"cannot abandon {where}: unknown status {status!r} (expected one of {sorted(_TURN_STATUSES)})"
+                f"cannot abandon {where}: unknown status {status!r} (expected one of {sorted(codec.TURN_STATUSES)})"
             )
 
         def op(conn: sqlite3.Connection) -> None:
-            turn = _pending_turn_row(conn, session_id, turn_id, f"cannot abandon {where}")
+            turn = _pending_turn_row(conn, session_id, turn_id, f"cannot abandon {where}", lease)
             conn.execute(
                 "UPDATE turns SET status = ?, error = ?, ended_at = ? WHERE n = ?", (status, error, ended_at, turn["n"])
             )
@@ -567,17 +375,107 @@ class Store:
         await self._write(f"abandon {where}", op)
 
     async def pending_turn(self, session_id: str) -> StartedTurn | None:
-        """The session's pending turn (with its user message), or None. StoreError if the session is unknown."""
-
         def op(conn: sqlite3.Connection) -> StartedTurn | None:
             if _session_row(conn, session_id) is None:
-                raise StoreError(f"session {session_id} is unknown")
+                raise UnknownSession(f"session {session_id} is unknown")
             row = conn.execute(
                 f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? AND status = ?", (session_id, PENDING)
             ).fetchone()
             return None if row is None else _started_from_row(conn, row)
 
         return await self._read(f"pending turn of session {session_id}", op)
+
+    # ------------------------------------------------------------------ leases
+
+    async def claim(self, session_id: str, replica: str, ttl: float) -> Lease | None:
+        what = f"cannot claim session {session_id}"
+        codec.check_replica(replica, what)
+        codec.check_ttl(ttl, what)
+
+        def op(conn: sqlite3.Connection) -> Lease | None:
+            row = _session_row(conn, session_id)
+            if row is None:
+                raise UnknownSession(f"{what}: the session is unknown")
+            if row["state"] == "closed":
+                raise StoreError(f"{what}: the session is closed")
+            now = time.time()
+            if row["owner"] == replica:
+                token = row["fence"]
+            elif row["owner"] is None or row["lease_expires"] <= now:
+                token = row["fence"] + 1
+            else:
+                return None
+            conn.execute(
+                "UPDATE sessions SET owner = ?, lease_expires = ?, fence = ? WHERE id = ?",
+                (replica, now + ttl, token, session_id),
+            )
+            return Lease(session=session_id, replica=replica, token=token, expires_at=now + ttl)
+
+        return await self._write(f"claim session {session_id}", op)
+
+    async def renew(self, replica: str, ttl: float) -> dict[str, Lease]:
+        what = f"cannot renew the leases of replica {replica}"
+        codec.check_replica(replica, what)
+        codec.check_ttl(ttl, what)
+
+        def op(conn: sqlite3.Connection) -> dict[str, Lease]:
+            expires = time.time() + ttl
+            conn.execute("UPDATE sessions SET lease_expires = ? WHERE owner = ?", (expires, replica))
+            rows = conn.execute("SELECT id, fence FROM sessions WHERE owner = ?", (replica,)).fetchall()
+            return {
+                session: Lease(session=session, replica=replica, token=token, expires_at=expires)
+                for session, token in rows
+            }
+
+        return await self._write(f"renew the leases of replica {replica}", op)
+
+    async def release(self, lease: Lease) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            released = conn.execute(
+                "UPDATE sessions SET owner = NULL, lease_expires = NULL WHERE id = ? AND owner = ? AND fence = ?",
+                (lease.session, lease.replica, lease.token),
+            ).rowcount
+            if not released and _session_row(conn, lease.session) is None:
+                raise UnknownSession(f"cannot release session {lease.session}: the session is unknown")
+            return bool(released)
+
+        return await self._write(f"release session {lease.session}", op)
+
+    async def claim_orphaned(self, replica: str, ttl: float, *, limit: int = 100) -> list[Lease]:
+        what = f"cannot claim orphaned sessions for replica {replica}"
+        codec.check_replica(replica, what)
+        codec.check_ttl(ttl, what)
+
+        def op(conn: sqlite3.Connection) -> list[Lease]:
+            now = time.time()
+            rows = conn.execute(
+                "SELECT s.id, s.fence FROM sessions s JOIN turns t ON t.session = s.id AND t.status = ?"
+                " WHERE s.state != 'closed' AND (s.owner IS NULL OR (s.owner != ? AND s.lease_expires <= ?))"
+                " ORDER BY t.started_at, t.n LIMIT ?",
+                (PENDING, replica, now, limit),
+            ).fetchall()
+            leases = [
+                Lease(session=session, replica=replica, token=fence + 1, expires_at=now + ttl)
+                for session, fence in rows
+            ]
+            conn.executemany(
+                "UPDATE sessions SET owner = ?, lease_expires = ?, fence = ? WHERE id = ?",
+                [(replica, lease.expires_at, lease.token, lease.session) for lease in leases],
+            )
+            return leases
+
+        return await self._write(f"claim orphaned sessions for replica {replica}", op)
+
+    async def lease_of(self, session_id: str) -> Lease | None:
+        def op(conn: sqlite3.Connection) -> Lease | None:
+            row = _session_row(conn, session_id)
+            if row is None:
+                raise UnknownSession(f"session {session_id} is unknown")
+            if row["owner"] is None or row["lease_expires"] <= time.time():
+                return None
+            return Lease(session=session_id, replica=row["owner"], token=row["fence"], expires_at=row["lease_expires"])
+
+        return await self._read(f"read the lease of session {session_id}", op)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -711,20 +609,18 @@ def _check_store_file(path: Path) -> None:
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
     """Bring the schema from its ``user_version`` to ``SCHEMA_VERSION``, one transaction per step."""
+    newest = migrations.SCHEMA_VERSION
     current = conn.execute("PRAGMA user_version").fetchone()[0]
-    if current > SCHEMA_VERSION:
-        raise StoreError(f"it has schema version {current}; this agentd knows versions up to {SCHEMA_VERSION}")
-    for version in range(current + 1, SCHEMA_VERSION + 1):
-        migration = _MIGRATIONS.get(version)
-        if migration is None:
+    if current > newest:
+        raise StoreError(f"it has schema version {current}; this agentd knows versions up to {newest}")
+    for version in range(current + 1, newest + 1):
+        statements = migrations.SQLITE.get(version)
+        if statements is None:
             raise StoreError(f"no migration to schema version {version}")
 
-        def step(
-            conn: sqlite3.Connection,
-            migration: Callable[[sqlite3.Connection], None] = migration,
-            version: int = version,
-        ) -> None:
-            migration(conn)
+        def step(conn: sqlite3.Connection, statements: tuple[str, ...] = statements, version: int = version) -> None:
+            for statement in statements:
+                conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {int(version)}")
 
         _transaction(conn, step, "BEGIN IMMEDIATE")
@@ -794,13 +690,13 @@ def _insert_entries(conn: sqlite3.Connection, session_id: str, messages: Sequenc
         seq = last + offset
         conn.execute(
             "INSERT INTO entries (session, seq, turn, active, message) VALUES (?, ?, ?, 1, ?)",
-            (session_id, seq, message.turn, _encode_message(message)),
+            (session_id, seq, message.turn, codec.encode_message(message)),
         )
         seqs.append(seq)
     return seqs
 
 
-_SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_at"
+_SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_at, owner, lease_expires, fence"
 _TURN_COLUMNS = (
     "n, session, id, status, message_seq, models, steps, restarts, discarded,"
     " input_tokens, output_tokens, started_at, ended_at, error"
@@ -821,16 +717,35 @@ def _turn_row(conn: sqlite3.Connection, session_id: str, turn_id: str) -> sqlite
     return row
 
 
-def _pending_turn_row(conn: sqlite3.Connection, session_id: str, turn_id: str, refusal: str) -> sqlite3.Row:
-    """The turn's row if the session and turn exist and the turn is pending; else StoreError(``refusal``: why)."""
-    if _session_row(conn, session_id) is None:
-        raise StoreError(f"{refusal}: the session is unknown")
+def _pending_turn_row(
+    conn: sqlite3.Connection, session_id: str, turn_id: str, refusal: str, lease: Lease | None
+) -> sqlite3.Row:
+    """The turn's row if the session and turn exist, ``lease`` (if any) is current and the turn is
+    pending; else UnknownSession, LeaseLost or StoreError(``refusal``: why)."""
+    session = _session_row(conn, session_id)
+    if session is None:
+        raise UnknownSession(f"{refusal}: the session is unknown")
+    _check_fence(session, lease, refusal)
     turn = _turn_row(conn, session_id, turn_id)
     if turn is None:
         raise StoreError(f"{refusal}: no such turn")
     if turn["status"] != PENDING:
         raise StoreError(f"{refusal}: the turn is not pending (status {turn['status']})")
     return turn
+
+
+def _check_fence(session: sqlite3.Row, lease: Lease | None, refusal: str) -> None:
+    """The fence of a write (RFC 0009 §4): LeaseLost unless ``lease`` is None or the session's current lease.
+
+    Runs inside the write's transaction, which holds the database's write lock: no claim can come
+    between this check and the write's commit.
+    """
+    if lease is None:
+        return
+    if lease.session != session["id"]:
+        raise StoreError(f"{refusal}: the lease given is for session {lease.session}")
+    if session["owner"] != lease.replica or session["fence"] != lease.token:
+        raise LeaseLost(lease, refusal, holder=session["owner"], holder_token=session["fence"])
 
 
 def _session_from_row(
@@ -856,10 +771,10 @@ def _turn_from_row(conn: sqlite3.Connection, row: sqlite3.Row) -> TurnRecord | S
     return TurnRecord(
         id=row["id"],
         status=TurnStatus(row["status"]),
-        models=_models_decoder.decode(row["models"]),
+        models=codec.decode_models(row["models"]),
         steps=row["steps"],
         restarts=row["restarts"],
-        discarded=_discarded_decoder.decode(row["discarded"]),
+        discarded=codec.decode_discarded(row["discarded"]),
         usage=Usage(row["input_tokens"], row["output_tokens"]),
         started_at=row["started_at"],
         ended_at=row["ended_at"],
@@ -873,7 +788,7 @@ def _started_from_row(conn: sqlite3.Connection, row: sqlite3.Row) -> StartedTurn
         text = conn.execute(
             "SELECT message FROM entries WHERE session = ? AND seq = ?", (row["session"], row["message_seq"])
         ).fetchone()[0]
-        decoded = _decode_message(text)
+        decoded = codec.decode_message(text)
         if not isinstance(decoded, UserMessage):
             raise StoreError(f"session {row['session']} turn {row['id']}: its input entry is not a user message")
         message = decoded
@@ -885,7 +800,7 @@ def _load_session(conn: sqlite3.Connection, session_id: str) -> StoredSession | 
     if row is None:
         return None
     transcript = [
-        StoredEntry(seq, _decode_message(text))
+        StoredEntry(seq, codec.decode_message(text))
         for seq, text in conn.execute(
             "SELECT seq, message FROM entries WHERE session = ? AND active = 1 ORDER BY seq", (session_id,)
         )

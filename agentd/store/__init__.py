@@ -1,0 +1,77 @@
+"""The supervisor's durable store (RFC 0003 §3, RFC 0009): sessions, transcripts, turns and leases.
+
+``Store`` is the interface (``agentd.store.base``); ``open_store`` opens the backend the config's
+``[store] url`` names: SQLite in the state dir (the default, ``agentd.store.sqlite``) or
+PostgreSQL (``agentd.store.postgres``, which needs the ``agentd[postgres]`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from agentd.config import StoreSettings
+from agentd.redact import redact_database_url
+from agentd.store.base import (
+    CommittedTurn,
+    Lease,
+    LeaseLost,
+    Store,
+    StoredEntry,
+    StoredSession,
+    StoreError,
+    StoreUnavailable,
+    UnknownSession,
+)
+from agentd.store.migrations import SCHEMA_VERSION
+from agentd.store.sqlite import SqliteStore
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "SQLITE_FILE",
+    "CommittedTurn",
+    "Lease",
+    "LeaseLost",
+    "SqliteStore",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "StoredEntry",
+    "StoredSession",
+    "UnknownSession",
+    "open_store",
+]
+
+
+#: The SQLite store's file in the state dir.
+SQLITE_FILE = "agentd.db"
+
+
+async def open_store(settings: StoreSettings, state_dir: Path, environ: Mapping[str, str] | None = None) -> Store:
+    """Open the store ``[store]`` names (RFC 0009 §1): SQLite in ``state_dir``, or PostgreSQL at ``settings.url``.
+
+    The PostgreSQL password is the value of the env var named by ``settings.password_env`` (unset
+    or empty: none, and libpq's own means apply, such as a ``.pgpass`` file). StoreError
+    ``cannot open the store <where>: <reason>`` when it cannot be opened, also when PostgreSQL is
+    asked for and its driver (the ``agentd[postgres]`` extra) is not installed.
+    """
+    if not settings.url:
+        return await SqliteStore.open(state_dir / SQLITE_FILE)
+    try:
+        from agentd.store.postgres import PostgresStore
+    except ImportError as exc:
+        raise StoreError(
+            f"cannot open the store {redact_database_url(settings.url)}: PostgreSQL needs psycopg and psycopg-pool,"
+            f" the optional dependencies of agentd[postgres] ({exc})"
+        ) from None
+    env = os.environ if environ is None else environ
+    password = env.get(settings.password_env) if settings.password_env else None
+    try:
+        return await PostgresStore.open(settings.url, password=password or None)
+    except StoreError as exc:
+        if password or not settings.password_env or "password" not in str(exc):
+            raise
+        raise StoreError(
+            f"{exc} (no password was given: {settings.password_env}, named by [store] password_env, is not set)"
+        ) from None

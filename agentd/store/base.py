@@ -1,0 +1,338 @@
+"""The store interface every backend implements, its records and its errors (RFC 0003 §3, RFC 0009).
+
+A store keeps sessions, their transcripts and their turns, and — for deployments with several
+replicas on one database — which replica owns each session (a lease with a fencing token).
+``SqliteStore`` (``agentd.store.sqlite``) and ``PostgresStore`` (``agentd.store.postgres``)
+implement ``Store`` with the same semantics, checked by one test-suite run against both.
+
+Rules every backend keeps:
+
+- A user message is stored (``begin_turn``) before it is delivered to a child; a turn's results
+  are written by exactly one transaction (``commit_turn``) and nothing else is ever written for a
+  turn. A failure inside that transaction leaves nothing of it behind and the turn still pending.
+- Entries are never deleted. A transfer that rewrites history marks the old entries inactive and
+  inserts the new transcript; a session's transcript is its active entries in ``seq`` order.
+  ``seq`` is per session, increasing, never reused.
+- Messages are stored as msgspec JSON of the ``agentd.messages.Message`` union and nothing else
+  (``agentd.store.codec``): no configuration, no environment, so no secret reaches the database.
+- Once a call that writes has returned, what it wrote is durable. A caller cancelled while its
+  call runs does not tear the call: it completes (or rolls back) before the cancellation is
+  delivered.
+- A write that carries a ``Lease`` is **fenced** (RFC 0009 §4): it is done only if that lease is
+  still the session's current one, checked inside the write's own transaction, and otherwise
+  refused with ``LeaseLost`` with nothing written.
+- Schema migrations are versioned (``agentd.store.migrations``) and run when the store opens.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+import msgspec
+
+from agentd.messages import Message, UserMessage
+from agentd.records import SessionState, StartedTurn, TurnRecord
+
+__all__ = [
+    "CommittedTurn",
+    "Lease",
+    "LeaseLost",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "StoredEntry",
+    "StoredSession",
+    "UnknownSession",
+]
+
+
+class StoreError(Exception):
+    """A store call that cannot be done; the message names the session and turn concerned."""
+
+
+class StoreUnavailable(StoreError):
+    """The database itself failed (I/O error, disk full, locked, unreachable): not the call's fault.
+
+    ``full`` is set when the disk (or the database's size limit) is full.
+    """
+
+    def __init__(self, message: str, *, full: bool = False) -> None:
+        super().__init__(message)
+        self.full = full
+
+
+class UnknownSession(StoreError):
+    """A call named a session the store does not have."""
+
+
+class LeaseLost(StoreError):
+    """A fenced write whose lease is no longer the session's current one; nothing was written.
+
+    Another replica claimed the session since (``holder`` and ``holder_token``), or the lease was
+    released (``holder`` None). The replica that gets this must stop acting for the session.
+    """
+
+    def __init__(self, lease: Lease, what: str, *, holder: str | None, holder_token: int) -> None:
+        now = f"replica {holder} holds it now (token {holder_token})" if holder else "no replica holds it now"
+        super().__init__(
+            f"{what}: replica {lease.replica} no longer holds the lease of session {lease.session}"
+            f" (its token {lease.token}); {now}"
+        )
+        self.lease = lease
+        self.holder = holder
+        self.holder_token = holder_token
+
+
+class StoredEntry(msgspec.Struct, frozen=True):
+    """One transcript entry: its per-session sequence number and the message."""
+
+    seq: int
+    message: Message
+
+
+class CommittedTurn(msgspec.Struct, frozen=True):
+    """What ``commit_turn`` wrote: the turn's record as stored, and the seqs of the entries it added."""
+
+    record: TurnRecord
+    seqs: tuple[int, ...]
+
+
+class StoredSession(msgspec.Struct, frozen=True, kw_only=True):
+    """A session as stored. ``transcript`` and ``turns`` are empty in ``list_sessions`` results.
+
+    ``turns`` are in start order: a ``TurnRecord`` for each turn that ended, a ``StartedTurn``
+    for the one still pending (at most one).
+    """
+
+    id: str
+    assistant: str
+    state: SessionState
+    generation: int
+    model: str
+    created_at: float
+    updated_at: float
+    transcript: list[StoredEntry] = []
+    turns: list[TurnRecord | StartedTurn] = []
+    turn_count: int = 0  # how many turns the session has had (filled in summaries too)
+
+
+class Lease(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica's ownership of a session (RFC 0009 §3).
+
+    ``token`` is the fencing token: it grows by one with every claim that changes hands, so a
+    later owner always holds a larger one. ``expires_at`` is epoch seconds by the store's clock
+    (the database server's, for PostgreSQL): until then no other replica can claim the session.
+    An expired lease stays valid for fenced writes until another replica claims the session.
+    """
+
+    session: str
+    replica: str
+    token: int
+    expires_at: float
+
+
+class Store(abc.ABC):
+    """The durable store of the supervisor; open one with ``agentd.store.open_store``.
+
+    ``failure`` holds why the database last failed (``StoreUnavailable``), None once it works
+    again (RFC 0003 §3); readiness reports it. SQLite sets it from each batch of writes,
+    PostgreSQL from every call (an unreachable server fails reads too).
+    ``location`` names the store in messages and logs, and never carries a secret.
+    """
+
+    failure: str | None
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the store is: the database file, or the database's URL without credentials."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close the store after the calls already running have finished. Idempotent; later calls
+        get StoreError ("the store is closed")."""
+
+    # ------------------------------------------------------------------ sessions
+
+    @abc.abstractmethod
+    async def create_session(
+        self,
+        session_id: str,
+        *,
+        assistant: str,
+        generation: int,
+        model: str,
+        created_at: float,
+        transcript: Sequence[Message] = (),
+    ) -> StoredSession:
+        """Store a new session in state ``idle`` with its initial transcript (e.g. the opener).
+
+        StoreError if a session with this id exists.
+        """
+
+    @abc.abstractmethod
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        state: SessionState | None = None,
+        generation: int | None = None,
+        model: str | None = None,
+        assistant: str | None = None,
+        lease: Lease | None = None,
+    ) -> None:
+        """Set the given fields of a session (the others are kept); ``updated_at`` becomes now.
+
+        UnknownSession if the session is unknown, StoreError if ``state`` is not a session state,
+        LeaseLost if ``lease`` is given and is no longer the session's.
+        """
+
+    @abc.abstractmethod
+    async def load_session(self, session_id: str) -> StoredSession | None:
+        """The session with its active transcript and all its turns, or None if unknown."""
+
+    @abc.abstractmethod
+    async def session_summary(self, session_id: str) -> StoredSession | None:
+        """The session's row only (no transcript, no turns; ``turn_count`` 0), or None if unknown."""
+
+    @abc.abstractmethod
+    async def transcript(self, session_id: str, *, exclude_turn: str | None = None) -> list[Message]:
+        """The session's active transcript in order; ``exclude_turn``'s entries left out (its input re-runs)."""
+
+    @abc.abstractmethod
+    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[StoredSession]:
+        """One page of sessions (closed ones included) in creation order, newest last; transcript/turns empty.
+
+        ``after`` is the id of the last session of the previous page. UnknownSession if it is unknown.
+        """
+
+    @abc.abstractmethod
+    async def interrupted_turns(self) -> list[tuple[StoredSession, StartedTurn]]:
+        """Every pending turn of a session that is not closed, oldest first: what a restart resumes."""
+
+    @abc.abstractmethod
+    async def session_counts(self) -> dict[str, int]:
+        """How many sessions are in each state (``idle``, ``running``, ``failed``, ``closed``)."""
+
+    @abc.abstractmethod
+    async def open_sessions_by_assistant(self) -> dict[str, int]:
+        """How many sessions that are not closed are on each assistant."""
+
+    # ------------------------------------------------------------------ turns
+
+    @abc.abstractmethod
+    async def begin_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        message: UserMessage | None,
+        started_at: float,
+        *,
+        durable: bool = True,
+    ) -> int | None:
+        """Start a turn in one transaction: store its user message, a ``pending`` turn row, state ``running``.
+
+        The message is stored with its ``turn`` field set to ``turn_id``. Returns the message's
+        seq, or None for an opener turn (``message`` None). UnknownSession if the session is
+        unknown; StoreError if it is closed, already has a pending turn, or already had a turn
+        with this id. Not fenced: any replica may accept a message (RFC 0009 §4).
+
+        ``durable`` False: committed (visible, and kept if the daemon's process dies) but not
+        synced to disk by itself — the next durable commit syncs it (one sequential log on both
+        backends). For a client that hears nothing before the turn's own, durable, commit.
+        """
+
+    @abc.abstractmethod
+    async def commit_turn(
+        self,
+        session_id: str,
+        record: TurnRecord,
+        *,
+        assistant: str,
+        messages: Sequence[Message] = (),
+        transcript: Sequence[Message] | None = None,
+        model: str | None = None,
+        lease: Lease | None = None,
+    ) -> CommittedTurn:
+        """Write a finished turn in one transaction — the only write for its results.
+
+        Appends ``messages`` as active entries or, when ``transcript`` is given (a transfer
+        rewrote history), marks every active entry inactive and inserts ``transcript`` as the new
+        active transcript. Sets the turn's status, models, steps, restarts, discarded, usage,
+        ended_at and error from ``record``, and the session's ``assistant``, state (``idle``
+        unless ``closed``), updated_at, and — when a transfer changed the assistant — ``model``.
+        ``record.started_at`` is not written: a turn started when ``begin_turn`` stored it, and
+        the returned record carries that time.
+
+        UnknownSession if the session is unknown; StoreError if the turn is unknown or not
+        pending (a duplicate commit writes nothing); LeaseLost if ``lease`` is given and is no
+        longer the session's. If anything fails, nothing of the turn is written.
+        """
+
+    @abc.abstractmethod
+    async def abandon_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        *,
+        status: str,
+        error: str | None,
+        ended_at: float,
+        lease: Lease | None = None,
+    ) -> None:
+        """End a pending turn without results (e.g. its session was closed); its user message stays.
+
+        ``status`` must be a TurnStatus value. A ``running`` session becomes ``idle``; a
+        ``failed`` or ``closed`` one keeps its state. StoreError if the turn is unknown or not
+        pending; LeaseLost if ``lease`` is given and is no longer the session's.
+        """
+
+    @abc.abstractmethod
+    async def pending_turn(self, session_id: str) -> StartedTurn | None:
+        """The session's pending turn (with its user message), or None. UnknownSession if the session is unknown."""
+
+    # ------------------------------------------------------------------ leases (RFC 0009 §3)
+
+    @abc.abstractmethod
+    async def claim(self, session_id: str, replica: str, ttl: float) -> Lease | None:
+        """Make ``replica`` the owner of the session for ``ttl`` seconds; the lease, or None if another holds it.
+
+        A session nobody holds, or whose lease expired, gets a new lease with a token one larger
+        than any before; one ``replica`` already holds keeps its token and is extended. None when
+        another replica's lease has not expired. UnknownSession if the session is unknown,
+        StoreError if it is closed.
+        """
+
+    @abc.abstractmethod
+    async def renew(self, replica: str, ttl: float) -> dict[str, Lease]:
+        """The heartbeat: extend every lease ``replica`` holds to ``ttl`` seconds from now.
+
+        Returns session id → lease for each session it still holds; a session it held and that
+        is missing was claimed by another replica since (its writes there are now refused).
+        """
+
+    @abc.abstractmethod
+    async def release(self, lease: Lease) -> bool:
+        """Give the session up (e.g. a drain), so another replica can claim it at once.
+
+        True if ``lease`` was the session's current lease and is now released; False if it was
+        not (nothing is changed then). UnknownSession if the session is unknown.
+        """
+
+    @abc.abstractmethod
+    async def claim_orphaned(self, replica: str, ttl: float, *, limit: int = 100) -> list[Lease]:
+        """Claim up to ``limit`` sessions that need an owner: the failover scan.
+
+        Those are the sessions that are not closed, have a pending turn, and whose lease expired
+        or that no replica holds, oldest pending turn first; sessions ``replica`` itself holds
+        are left to ``renew``. Replicas that scan at the same time get disjoint sets and never
+        wait for each other (PostgreSQL: ``FOR UPDATE SKIP LOCKED``).
+        """
+
+    @abc.abstractmethod
+    async def lease_of(self, session_id: str) -> Lease | None:
+        """The session's live lease (not expired), or None when no replica holds one now.
+
+        UnknownSession if the session is unknown.
+        """

@@ -1,0 +1,90 @@
+"""How a store writes what it keeps: messages as msgspec JSON, and the checks every backend makes first.
+
+Both backends encode and decode through this module (looked up at call time, so one definition
+decides the stored form of a message), and refuse the same bad arguments with the same words
+before they touch their database.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final, get_args
+
+import msgspec
+
+from agentd.budget import TurnStatus
+from agentd.messages import AssistantMessage, Message, SystemMessage, ToolResult, UserMessage
+from agentd.records import Discarded, SessionState
+from agentd.store.base import StoreError
+
+__all__ = [
+    "SESSION_STATES",
+    "TURN_STATUSES",
+    "check_message",
+    "check_replica",
+    "check_state",
+    "check_ttl",
+    "decode_discarded",
+    "decode_message",
+    "decode_models",
+    "encode_json",
+    "encode_message",
+]
+
+SESSION_STATES: Final[frozenset[str]] = frozenset(get_args(SessionState))
+TURN_STATUSES: Final[frozenset[str]] = frozenset(status.value for status in TurnStatus)
+_MESSAGE_TYPES = (UserMessage, AssistantMessage, SystemMessage, ToolResult)
+#: The longest lease a replica may take (a week, like every duration in the config).
+MAX_TTL: Final = 7 * 24 * 3600.0
+
+_json_encoder = msgspec.json.Encoder()
+_message_decoder = msgspec.json.Decoder(Message)
+_discarded_decoder = msgspec.json.Decoder(tuple[Discarded, ...])
+_models_decoder = msgspec.json.Decoder(tuple[str, ...])
+
+
+def encode_message(message: Message) -> str:
+    """The stored form of one message: msgspec JSON of the ``Message`` union (tag ``role``)."""
+    return _json_encoder.encode(message).decode()
+
+
+def decode_message(text: str) -> Message:
+    """The message stored as ``text`` (msgspec.DecodeError if it is not one)."""
+    return _message_decoder.decode(text)
+
+
+def encode_json(value: object) -> str:
+    """A turn record's list field (models, discarded) as stored."""
+    return _json_encoder.encode(value).decode()
+
+
+def decode_models(text: str) -> tuple[str, ...]:
+    return _models_decoder.decode(text)
+
+
+def decode_discarded(text: str) -> tuple[Discarded, ...]:
+    return _discarded_decoder.decode(text)
+
+
+def check_message(message: object, where: str) -> None:
+    """StoreError unless ``message`` is one of the four transcript message kinds."""
+    if not isinstance(message, _MESSAGE_TYPES):
+        raise StoreError(f"{where}: not a transcript message: {type(message).__name__}")
+
+
+def check_state(state: str | None, where: str) -> None:
+    """StoreError unless ``state`` is None or a session state."""
+    if state is not None and state not in SESSION_STATES:
+        raise StoreError(f"{where}: unknown state {state!r} (expected one of {sorted(SESSION_STATES)})")
+
+
+def check_replica(replica: str, where: str) -> None:
+    """StoreError unless ``replica`` is a usable replica id (not empty)."""
+    if not isinstance(replica, str) or not replica:
+        raise StoreError(f"{where}: a replica id must be a non-empty string, not {replica!r}")
+
+
+def check_ttl(ttl: float, where: str) -> None:
+    """StoreError unless ``ttl`` is a lease time a replica can hold: more than 0, at most a week."""
+    if not isinstance(ttl, int | float) or not math.isfinite(ttl) or not 0 < ttl <= MAX_TTL:
+        raise StoreError(f"{where}: a lease time must be more than 0 and at most {MAX_TTL:g} seconds, not {ttl!r}")

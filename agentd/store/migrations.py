@@ -1,0 +1,143 @@
+"""The store's schema, as versioned migrations for each backend (RFC 0009 §2).
+
+A schema version means the same tables on both backends; each backend has one migration per
+version, a tuple of SQL statements that brings a database from the previous version to it. A
+store runs the missing ones when it opens, each in one transaction together with the new version
+number, so a migration that fails leaves the database at the version before it. A database at a
+version newer than ``SCHEMA_VERSION`` (written by a newer agentd) is refused.
+
+Where the version is kept: SQLite ``PRAGMA user_version``; PostgreSQL the table
+``agentd_schema`` (one row per migration applied, with when), read and written under an advisory
+lock so that replicas starting together migrate once.
+
+Versions:
+
+1. sessions, entries (the transcripts, append-only) and turns; at most one pending turn per
+   session, enforced by the database.
+2. ``sessions_state``: the status counts and the per-assistant counts of a reload read an index,
+   not the table. Sessions are paged in creation order (SQLite: the rowid; PostgreSQL: the
+   identity column ``n``).
+3. Leases (RFC 0009 §3): ``owner`` (the replica id, NULL when nobody holds the session),
+   ``lease_expires`` (epoch seconds) and ``fence`` (the fencing token of the latest claim, 0 before
+   the first), and an index to renew a replica's leases.
+"""
+
+from __future__ import annotations
+
+__all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
+
+#: The schema version this code writes.
+SCHEMA_VERSION = 3
+
+#: version -> the SQLite statements that bring a database at version-1 to it.
+SQLITE: dict[int, tuple[str, ...]] = {
+    1: (
+        """
+        CREATE TABLE sessions (
+            id          TEXT PRIMARY KEY,
+            assistant   TEXT NOT NULL,
+            state       TEXT NOT NULL CHECK (state IN ('idle', 'running', 'failed', 'closed')),
+            generation  INTEGER NOT NULL,
+            model       TEXT NOT NULL,
+            created_at  REAL NOT NULL,
+            updated_at  REAL NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE entries (
+            session  TEXT NOT NULL REFERENCES sessions (id),
+            seq      INTEGER NOT NULL CHECK (seq > 0),
+            turn     TEXT,
+            active   INTEGER NOT NULL CHECK (active IN (0, 1)),
+            message  TEXT NOT NULL,
+            PRIMARY KEY (session, seq)
+        )
+        """,
+        "CREATE INDEX entries_active ON entries (session, seq) WHERE active = 1",
+        """
+        CREATE TABLE turns (
+            n              INTEGER PRIMARY KEY,
+            session        TEXT NOT NULL REFERENCES sessions (id),
+            id             TEXT NOT NULL,
+            status         TEXT NOT NULL,
+            message_seq    INTEGER,
+            models         TEXT NOT NULL DEFAULT '[]',
+            steps          INTEGER NOT NULL DEFAULT 0,
+            restarts       INTEGER NOT NULL DEFAULT 0,
+            discarded      TEXT NOT NULL DEFAULT '[]',
+            input_tokens   INTEGER NOT NULL DEFAULT 0,
+            output_tokens  INTEGER NOT NULL DEFAULT 0,
+            started_at     REAL NOT NULL,
+            ended_at       REAL,
+            error          TEXT,
+            UNIQUE (session, id),
+            FOREIGN KEY (session, message_seq) REFERENCES entries (session, seq)
+        )
+        """,
+        "CREATE UNIQUE INDEX turns_one_pending ON turns (session) WHERE status = 'pending'",
+    ),
+    2: ("CREATE INDEX sessions_state ON sessions (state, assistant)",),
+    3: (
+        "ALTER TABLE sessions ADD COLUMN owner TEXT",
+        "ALTER TABLE sessions ADD COLUMN lease_expires REAL",
+        "ALTER TABLE sessions ADD COLUMN fence INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX sessions_owner ON sessions (owner) WHERE owner IS NOT NULL",
+    ),
+}
+
+#: version -> the PostgreSQL statements that bring a database at version-1 to it.
+POSTGRES: dict[int, tuple[str, ...]] = {
+    1: (
+        """
+        CREATE TABLE sessions (
+            id          TEXT PRIMARY KEY,
+            n           BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+            assistant   TEXT NOT NULL,
+            state       TEXT NOT NULL CHECK (state IN ('idle', 'running', 'failed', 'closed')),
+            generation  BIGINT NOT NULL,
+            model       TEXT NOT NULL,
+            created_at  DOUBLE PRECISION NOT NULL,
+            updated_at  DOUBLE PRECISION NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE entries (
+            session  TEXT NOT NULL REFERENCES sessions (id),
+            seq      BIGINT NOT NULL CHECK (seq > 0),
+            turn     TEXT,
+            active   BOOLEAN NOT NULL,
+            message  TEXT NOT NULL,
+            PRIMARY KEY (session, seq)
+        )
+        """,
+        "CREATE INDEX entries_active ON entries (session, seq) WHERE active",
+        """
+        CREATE TABLE turns (
+            n              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            session        TEXT NOT NULL REFERENCES sessions (id),
+            id             TEXT NOT NULL,
+            status         TEXT NOT NULL,
+            message_seq    BIGINT,
+            models         TEXT NOT NULL DEFAULT '[]',
+            steps          BIGINT NOT NULL DEFAULT 0,
+            restarts       BIGINT NOT NULL DEFAULT 0,
+            discarded      TEXT NOT NULL DEFAULT '[]',
+            input_tokens   BIGINT NOT NULL DEFAULT 0,
+            output_tokens  BIGINT NOT NULL DEFAULT 0,
+            started_at     DOUBLE PRECISION NOT NULL,
+            ended_at       DOUBLE PRECISION,
+            error          TEXT,
+            UNIQUE (session, id),
+            FOREIGN KEY (session, message_seq) REFERENCES entries (session, seq)
+        )
+        """,
+        "CREATE UNIQUE INDEX turns_one_pending ON turns (session) WHERE status = 'pending'",
+    ),
+    2: ("CREATE INDEX sessions_state ON sessions (state, assistant)",),
+    3: (
+        "ALTER TABLE sessions ADD COLUMN owner TEXT",
+        "ALTER TABLE sessions ADD COLUMN lease_expires DOUBLE PRECISION",
+        "ALTER TABLE sessions ADD COLUMN fence BIGINT NOT NULL DEFAULT 0",
+        "CREATE INDEX sessions_owner ON sessions (owner) WHERE owner IS NOT NULL",
+    ),
+}

@@ -1,0 +1,78 @@
+"""``agentd run`` on PostgreSQL (RFC 0009 §1), end to end through the real daemon and the suite's server.
+
+One replica: the daemon opens the store ``[store] url`` names, with the password from the env var
+``password_env`` names; sessions, transcripts and turns live in the database, not the state dir,
+so a daemon restarted on another state dir finds them all.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_harness import Daemon, running_daemon, two_assistant_config
+from tests.pg_harness import PgServer
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "echo-small"
+
+
+def postgres_config(url: str, hold: Path) -> str:
+    store = f'[store]\nurl = "{url}"\npassword_env = "AGENTD_STORE_PASSWORD"\nlease = "10s"\n'
+    return two_assistant_config(hold, top=store).replace(
+        'tools = ["clock"]', 'tools = ["clock", "tests.tooling:env_names"]', 1
+    )
+
+
+def test_a_daemon_on_postgres_keeps_its_sessions_across_a_restart(tmp_path: Path, pg: PgServer) -> None:
+    secret = f"pw-{secrets.token_hex(8)}"
+    with pg.role(secret) as role, pg.database(owner=role) as url:
+        config = postgres_config(url, tmp_path / "hold")
+        env = {"AGENTD_STORE_PASSWORD": secret}
+        first = Daemon(tmp_path, config, env=env, state_dir=tmp_path / "first").start()
+        try:
+            session = first.new_session("main")
+            reply = first.send(session, "hello there")
+            assert reply["turn"]["status"] == "completed"
+            assert reply["messages"][-1]["content"] == f"[{MODEL}] You said: hello there"
+            assert first.send(session, "call tool env_names")["turn"]["status"] == "completed"
+            before = first.session(session)
+            assert len(before["turns"]) == 2
+            assert first.status()["sessions"]["open"] == 1
+            assert first.api("GET", "/v1/ready").status_code == 200
+            [started] = first.log_events("supervisor.started")
+            assert started["store"].startswith("postgresql:///agentd_test_") and role not in started["store"]
+            first.signal(signal.SIGTERM)
+            assert first.wait_exit() == 0
+        finally:
+            first.stop()
+        assert not (tmp_path / "first" / "agentd.db").exists()  # nothing of it went to SQLite
+
+        # Another state dir: everything comes from the database.
+        with running_daemon(tmp_path, env=env, state_dir=tmp_path / "second") as second:
+            assert {**second.session(session), "child": None} == {**before, "child": None}
+            again = second.send(session, "still there?")
+            assert again["turn"]["status"] == "completed"
+            assert again["messages"][-1]["content"] == f"[{MODEL}] You said: still there?"
+            assert [s["id"] for s in second.json("GET", "/v1/sessions", status=200)] == [session]
+            logs = first.log_text() + second.log_text()
+
+    assert secret not in logs
+    seen = [line.split() for line in (tmp_path / "tools.log").read_text().splitlines() if line.startswith("env ")]
+    assert seen, "the env_names tool ran"
+    for names in seen:  # tools never see the password, nor the variable that holds it
+        assert "AGENTD_STORE_PASSWORD" not in names and secret not in names
+        assert "AGENTD_LOG_LEVEL" in names
+
+
+def test_a_daemon_whose_database_cannot_be_reached_exits_1_naming_it(tmp_path: Path) -> None:
+    config = two_assistant_config(tmp_path / "hold", top='[store]\nurl = "postgresql://agentd@127.0.0.1:1/agentd"\n')
+    daemon = Daemon(tmp_path, config)
+    result = daemon.run_cli(*daemon.command()[3:])
+    assert result.returncode == 1, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("agentd: ")]
+    assert line.startswith("agentd: cannot open the store postgresql://127.0.0.1:1/agentd: "), line
