@@ -20,7 +20,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from agentd.config import Config, Intelligence, Limits, SwapPolicy
 from agentd.messages import Message, UserMessage
-from agentd.records import Discarded, TurnRecord
+from agentd.records import Discarded, JournalEntry, TurnRecord
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -33,6 +33,9 @@ __all__ = [
     "Frame",
     "FrameChannel",
     "Input",
+    "JournalAck",
+    "JournalFinish",
+    "JournalStart",
     "Open",
     "Part",
     "Ping",
@@ -54,7 +57,7 @@ __all__ = [
     "encode_frames",
 ]
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: The most one logical frame may hold once its parts are joined (a long conversation's ``Open``).
 MAX_MESSAGE_BYTES = 1024 * 1024 * 1024
@@ -90,6 +93,10 @@ class Spawn(_Frame, frozen=True, tag="spawn", kw_only=True):
     generation: int
     policy: SwapPolicy
     config: Config
+    # The values of the env vars the config names for its MCP servers (``env_from``,
+    # ``headers_from``; RFC 0008 §3): the child reads secrets from here, not from its own
+    # environment, so they reach it whatever environment it was started with, and after a reload.
+    environ: dict[str, str] = {}
 
 
 class Ready(_Frame, frozen=True, tag="ready", kw_only=True):
@@ -156,6 +163,8 @@ class Input(_Frame, frozen=True, tag="input", kw_only=True):
     # Whether anyone watches the session's events. Unwatched, the child sends only the events the
     # supervisor itself needs (intel.waiting/recovered); a Watch frame turns them on mid-turn.
     watched: bool = True
+    # What earlier runs of this turn journaled (RFC 0008 §5): reused, never run again.
+    journal: list[JournalEntry] = []
 
 
 class Watch(_Frame, tag="watch", frozen=True, kw_only=True):
@@ -204,6 +213,35 @@ class TurnDone(_Frame, frozen=True, tag="turn_done", kw_only=True):
     transcript: list[Message] | None = None
 
 
+# --------------------------------------------------------------------------- the tool journal
+
+
+class JournalStart(_Frame, frozen=True, tag="journal_start", kw_only=True):
+    """← A side-effecting tool call is about to run: journal it. The tool runs only after the ack."""
+
+    session: str
+    turn: str
+    entry: JournalEntry
+
+
+class JournalFinish(_Frame, frozen=True, tag="journal_finish", kw_only=True):
+    """← The call journaled as ``entry.seq`` returned: journal its result before the turn goes on."""
+
+    session: str
+    turn: str
+    entry: JournalEntry
+
+
+class JournalAck(_Frame, frozen=True, tag="journal_ack", kw_only=True):
+    """→ A JournalStart or JournalFinish is durable (``error`` unset), or could not be written."""
+
+    session: str
+    turn: str
+    seq: int
+    finished: bool = False  # which of the two it answers
+    error: str | None = None
+
+
 # --------------------------------------------------------------------------- swaps
 
 
@@ -217,6 +255,8 @@ class SwapIntel(_Frame, frozen=True, tag="swap_intel", kw_only=True):
     # The whole config of the generation (prompts, tools, transfers): a pooled child lives across
     # reloads, so each session takes it at its next turn. Unset = only intelligence and limits changed.
     config: Config | None = None
+    # As Spawn.environ, for ``config``.
+    environ: dict[str, str] = {}
 
 
 class SwapAck(_Frame, frozen=True, tag="swap_ack", kw_only=True):
@@ -266,6 +306,9 @@ Frame = (
     | SwapIntel
     | SwapAck
     | SwapApplied
+    | JournalStart
+    | JournalFinish
+    | JournalAck
     | Part
 )
 

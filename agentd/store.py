@@ -7,8 +7,11 @@ a crash of the process or of the machine.
 Rules the schema and the calls keep:
 
 - A user message is stored (``begin_turn``) before it is delivered to a child; a turn's results
-  are written by exactly one transaction (``commit_turn``) and nothing else is ever written for a
-  turn. A failure inside that transaction leaves nothing of it behind and the turn still pending.
+  are written by exactly one transaction (``commit_turn``). A failure inside that transaction
+  leaves nothing of it behind and the turn still pending.
+- While a turn is pending, its side-effecting tool calls are journaled (``journal_start`` before
+  a call runs, ``journal_finish`` with its result; RFC 0008 §5) so that a re-run never runs one
+  again. The transaction that ends the turn (commit or abandon) deletes its journal.
 - Entries are never deleted. A transfer that rewrites history marks the old entries inactive and
   inserts the new transcript; a session's transcript is its active entries in ``seq`` order.
   ``seq`` is per session, increasing, never reused.
@@ -37,7 +40,7 @@ import msgspec
 
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolResult, UserMessage
-from agentd.records import PENDING, Discarded, SessionState, StartedTurn, TurnRecord
+from agentd.records import PENDING, Discarded, JournalEntry, SessionState, StartedTurn, TurnRecord
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -53,7 +56,7 @@ __all__ = [
 T = TypeVar("T")
 
 #: The schema version this code writes; ``PRAGMA user_version`` of an up-to-date database.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SESSION_STATES: frozenset[str] = frozenset(get_args(SessionState))
 _TURN_STATUSES: frozenset[str] = frozenset(status.value for status in TurnStatus)
@@ -63,6 +66,7 @@ _json_encoder = msgspec.json.Encoder()
 _message_decoder = msgspec.json.Decoder(Message)
 _discarded_decoder = msgspec.json.Decoder(tuple[Discarded, ...])
 _models_decoder = msgspec.json.Decoder(tuple[str, ...])
+_arguments_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
 class StoreError(Exception):
@@ -195,8 +199,35 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX sessions_state ON sessions (state, assistant)")
 
 
+def _migrate_v3(conn: sqlite3.Connection) -> None:
+    """Version 3: the tool journal (RFC 0008 §5) — side-effecting calls of pending turns.
+
+    A row is written before the call runs (``finished_at`` NULL) and completed with its result
+    when it returns; the rows of a turn are deleted by the transaction that ends the turn. Plain
+    SQL types and a composite key, so the same table works in PostgreSQL.
+    """
+    conn.execute(
+        """
+        CREATE TABLE journal (
+            session      TEXT NOT NULL,
+            turn         TEXT NOT NULL,
+            seq          INTEGER NOT NULL CHECK (seq > 0),
+            call         TEXT NOT NULL,
+            tool         TEXT NOT NULL,
+            arguments    TEXT NOT NULL,
+            started_at   REAL NOT NULL,
+            finished_at  REAL,
+            content      TEXT,
+            is_error     INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1)),
+            PRIMARY KEY (session, turn, seq),
+            FOREIGN KEY (session, turn) REFERENCES turns (session, id)
+        )
+        """
+    )
+
+
 #: version -> the migration that brings a database at version-1 to it (each runs in one transaction).
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1, 2: _migrate_v2}
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_v1, 2: _migrate_v2, 3: _migrate_v3}
 
 
 # --------------------------------------------------------------------------- encoding
@@ -520,6 +551,7 @@ class Store:
                 " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = ?",
                 (assistant, record.ended_at, model, session_id),
             )
+            _prune_journal(conn, session_id, record.id)
             stored = msgspec.structs.replace(record, status=status, started_at=turn["started_at"])
             return CommittedTurn(stored, tuple(seqs))
 
@@ -545,6 +577,7 @@ class Store:
             conn.execute(
                 "UPDATE turns SET status = ?, error = ?, ended_at = ? WHERE n = ?", (status, error, ended_at, turn["n"])
             )
+            _prune_journal(conn, session_id, turn_id)
             conn.execute(
                 "UPDATE sessions SET updated_at = ?, state = CASE state WHEN 'running' THEN 'idle' ELSE state END"
                 " WHERE id = ?",
@@ -565,6 +598,71 @@ class Store:
             return None if row is None else _started_from_row(conn, row)
 
         return await self._read(f"pending turn of session {session_id}", op)
+
+    # ------------------------------------------------------------------ the tool journal
+
+    async def journal_start(self, session_id: str, turn_id: str, entry: JournalEntry) -> None:
+        """Journal that a side-effecting call is about to run (``entry``'s result fields are ignored).
+
+        Durable when this returns: only then may the tool run. StoreError if the turn is not
+        pending or the turn already journaled ``entry.seq`` (a call is journaled once).
+        """
+        where = f"session {session_id} turn {turn_id} call {entry.seq}"
+        arguments = _json_encoder.encode(entry.arguments).decode()
+        now = time.time()
+
+        def op(conn: sqlite3.Connection) -> None:
+            _pending_turn_row(conn, session_id, turn_id, f"cannot journal {where}")
+            try:
+                conn.execute(
+                    "INSERT INTO journal (session, turn, seq, call, tool, arguments, started_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (session_id, turn_id, entry.seq, entry.call, entry.tool, arguments, now),
+                )
+            except sqlite3.IntegrityError:
+                raise StoreError(f"cannot journal {where}: it is journaled already") from None
+
+        await self._write(f"journal {where}", op)
+
+    async def journal_finish(self, session_id: str, turn_id: str, seq: int, *, content: str, is_error: bool) -> None:
+        """Journal the result of the call journaled as ``seq``. StoreError if there is no such started call."""
+        where = f"session {session_id} turn {turn_id} call {seq}"
+        now = time.time()
+
+        def op(conn: sqlite3.Connection) -> None:
+            updated = conn.execute(
+                "UPDATE journal SET finished_at = ?, content = ?, is_error = ?"
+                " WHERE session = ? AND turn = ? AND seq = ? AND finished_at IS NULL",
+                (now, content, int(is_error), session_id, turn_id, seq),
+            ).rowcount
+            if updated != 1:
+                raise StoreError(f"cannot journal the result of {where}: no such call is waiting for its result")
+
+        await self._write(f"journal the result of {where}", op)
+
+    async def journal_entries(self, session_id: str, turn_id: str) -> list[JournalEntry]:
+        """The journaled calls of a turn in order (empty once the turn has ended)."""
+
+        def op(conn: sqlite3.Connection) -> list[JournalEntry]:
+            rows = conn.execute(
+                "SELECT seq, call, tool, arguments, finished_at, content, is_error FROM journal"
+                " WHERE session = ? AND turn = ? ORDER BY seq",
+                (session_id, turn_id),
+            ).fetchall()
+            return [
+                JournalEntry(
+                    seq=row["seq"],
+                    call=row["call"],
+                    tool=row["tool"],
+                    arguments=_arguments_decoder.decode(row["arguments"]),
+                    finished=row["finished_at"] is not None,
+                    content=row["content"] or "",
+                    is_error=bool(row["is_error"]),
+                )
+                for row in rows
+            ]
+
+        return await self._read(f"read the journal of session {session_id} turn {turn_id}", op)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -782,6 +880,11 @@ def _insert_entries(conn: sqlite3.Connection, session_id: str, messages: Sequenc
         )
         seqs.append(seq)
     return seqs
+
+
+def _prune_journal(conn: sqlite3.Connection, session_id: str, turn_id: str) -> None:
+    """Delete a turn's journal: it ended, so nothing will run it again. Inside the ending transaction."""
+    conn.execute("DELETE FROM journal WHERE session = ? AND turn = ?", (session_id, turn_id))
 
 
 _SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_at"

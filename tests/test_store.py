@@ -126,7 +126,7 @@ def every_kind(turn: str = "t0") -> list[Message]:
 async def test_wal_mode_synchronous_full_foreign_keys_and_schema_version(store: Store, db_path: Path) -> None:
     assert raw(db_path, "PRAGMA journal_mode") == [("wal",)]  # WAL is persistent: any connection sees it
     assert raw(db_path, "PRAGMA user_version") == [(store_mod.SCHEMA_VERSION,)]
-    assert store_mod.SCHEMA_VERSION == 2
+    assert store_mod.SCHEMA_VERSION == 3
     assert ("sessions_state",) in raw(db_path, "SELECT name FROM sqlite_master WHERE type = 'index'")
 
     def pragmas(conn: sqlite3.Connection) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from agentd.config import (
     ConfigIssue,
     Intelligence,
     PolicyChoice,
+    config_env_names,
     effective_intelligence,
     intelligence_map,
     quickstart_config,
@@ -96,6 +97,13 @@ def load_daemon_config(path: Path | None) -> Config:
     if config is None:
         raise ConfigError(issues, str(path))
     return config
+
+
+def named_environ(config: Config) -> dict[str, str]:
+    """The values of the env vars ``config`` names, for the child (RFC 0008 §3): a child reads its
+    MCP servers' secrets from these, so they reach it whatever environment it was started with —
+    and a reload that names a new variable reaches children that are already running."""
+    return {name: os.environ[name] for name in config_env_names(config) if name in os.environ}
 
 
 def _new_id(prefix: str) -> str:
@@ -220,7 +228,13 @@ class Supervisor:
 
     def spawn_frame(self, child_id: str) -> Spawn:
         """The Spawn for a new child: always the newest generation."""
-        return Spawn(child_id=child_id, generation=self.generation, policy=self.policy.policy, config=self.config)
+        return Spawn(
+            child_id=child_id,
+            generation=self.generation,
+            policy=self.policy.policy,
+            config=self.config,
+            environ=named_environ(self.config),
+        )
 
     def swap_frame(self) -> SwapIntel:
         """The SwapIntel describing the running generation (its whole config included)."""
@@ -230,6 +244,7 @@ class Supervisor:
             intelligence=intelligence_map(self.config),
             limits=self.config.limits,
             config=self.config,
+            environ=named_environ(self.config),
         )
 
     def model_of(self, assistant: str, fallback: str) -> str:
