@@ -276,13 +276,14 @@ class McpConnection:
         backoff = RECONNECT_START
         while not self._close_requested.is_set():
             self._set(_State.CONNECTING)
-            was_up = False
+            before = self.connects
             try:
-                was_up = await self._serve_once()
+                await self._serve_once()
             except Exception as exc:
                 self.error = describe(exc)
             finally:
                 self._client = None
+            was_up = self.connects > before
             if self._close_requested.is_set():
                 break
             log.warning("mcp.disconnected" if was_up else "mcp.connect_failed", server=self.name, error=self.error)
@@ -295,11 +296,11 @@ class McpConnection:
             backoff = min(backoff * 2, RECONNECT_MAX)
         self._set(_State.CLOSED)
 
-    async def _serve_once(self) -> bool:
-        """Connect, list, serve until the server goes or we close. True if it got up."""
+    async def _serve_once(self) -> None:
+        """Connect, list, serve until the server goes or we close."""
         self._ended = ended = anyio.Event()
         if self._close_requested.is_set():
-            return False
+            return
         before = self.connects
         with anyio.CancelScope() as scope:
             scope.deadline = anyio.current_time() + self.server.connect_timeout
@@ -312,10 +313,8 @@ class McpConnection:
                 log.info("mcp.connected", server=self.name, tools=len(self.listing), connects=self.connects)
                 await ended.wait()
                 self.error = "the server closed the connection"
-        up = self.connects > before
-        if scope.cancelled_caught and not up:
+        if scope.cancelled_caught and self.connects == before:
             self.error = f"no answer within {self.server.connect_timeout:g}s (connect_timeout)"
-        return up
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> ToolOutcome:
         """Call ``tool``; every failure is an error outcome naming the server and the tool."""
@@ -334,7 +333,10 @@ class McpConnection:
                 result = await client.call_tool(tool, arguments)
             except Exception as exc:
                 if _connection_lost(exc):
-                    self._ended.set()  # reconnect for the next call
+                    if self._client is client:  # later calls wait for the reconnect, not this client
+                        self._client = None
+                        self.error = describe(exc)
+                    self._ended.set()
                     return ToolOutcome(
                         f"{where}: the server went away during the call ({describe(exc)})", is_error=True
                     )
