@@ -444,3 +444,69 @@ class McpHub:
         for connection in self._connections.values():
             connection.close()
         self._connections.clear()
+
+
+class ServerCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``agentd check-config --connect`` found for one server: its tools, or why it failed."""
+
+    name: str
+    tools: list[str] = []
+    error: str | None = None
+
+
+async def check_servers(config: Any, environ: Mapping[str, str]) -> tuple[list[ServerCheck], list[Any]]:
+    """Connect to every ``[[mcp_servers]]`` entry at once and list its tools; the issues found.
+
+    An issue for each server that cannot be reached (at ``mcp_servers[i]``), for each
+    ``server:tool`` an assistant names that its server does not list, and for two tools of one
+    assistant that the model would see under one name (at ``assistants[i].tools[k]``).
+    """
+    from agentd.config import ConfigIssue
+
+    listings: dict[str, dict[str, McpToolInfo] | str] = {}
+
+    async def one(server: McpServer) -> None:
+        try:
+            listings[server.name] = await list_server_tools(server, environ)
+        except McpUnavailable as exc:
+            listings[server.name] = str(exc)
+
+    async with anyio.create_task_group() as tg:
+        for server in config.mcp_servers:
+            tg.start_soon(one, server)
+    checks: list[ServerCheck] = []
+    issues: list[ConfigIssue] = []
+    for i, server in enumerate(config.mcp_servers):
+        listing = listings[server.name]
+        if isinstance(listing, str):
+            checks.append(ServerCheck(name=server.name, error=listing))
+            issues.append(ConfigIssue(f"mcp_servers[{i}]", f"cannot connect to MCP server {server.name!r}: {listing}"))
+        else:
+            checks.append(ServerCheck(name=server.name, tools=sorted(listing)))
+    servers = [server.name for server in config.mcp_servers]
+    for i, assistant in enumerate(config.assistants):
+        seen: dict[str, str] = {}
+        for k, ref in enumerate(assistant.tools):
+            names = [ref.rpartition(":")[2] or ref]
+            if is_mcp_ref(ref, servers):
+                server_name, _, tool = ref.partition(":")
+                listing = listings[server_name]
+                if isinstance(listing, str):
+                    continue
+                if tool != "*" and tool not in listing:
+                    have = ", ".join(sorted(listing)) or "none"
+                    issues.append(
+                        ConfigIssue(
+                            f"assistants[{i}].tools[{k}]",
+                            f"MCP server {server_name!r} has no tool {tool!r}; it has: {have}",
+                        )
+                    )
+                    continue
+                names = [mcp_tool_name(server_name, t) for t in (sorted(listing) if tool == "*" else [tool])]
+            for name in names:
+                if name in seen and seen[name] != ref:
+                    issues.append(
+                        ConfigIssue(f"assistants[{i}].tools[{k}]", f"the model would see two tools named {name!r}")
+                    )
+                seen.setdefault(name, ref)
+    return checks, issues

@@ -100,7 +100,7 @@ def scripted_reply(
         calls += [
             (t.name, _filler_arguments(t, step, options.loop))
             for t in work_tools
-            if _mentions(text, t.name) and t.name not in called
+            if _mentions(text, t.name) and t.name not in called and all(t.name != name for name, _ in calls)
         ]
         if _mentions(text, "transfer") or _mentions(text, "transferred"):
             # Named tools run beside the transfer, in the same step (parallel calls).
