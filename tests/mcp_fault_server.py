@@ -1,7 +1,7 @@
 """A streamable-HTTP MCP server for the fault tests, built on the SDK's own ``MCPServer``.
 
 ``python tests/mcp_fault_server.py --port P --tag T [--log F] [--require-auth VALUE]`` serves on
-127.0.0.1:P until killed. Tools: ``echo`` (read-only; answers ``T:text``), ``slow`` (read-only;
+127.0.0.1:P until killed (``--stdio`` instead: over stdin/stdout, for the bench). Tools: ``echo`` (read-only; answers ``T:text``), ``slow`` (read-only;
 sleeps), ``fail`` (an ``isError`` result), ``die`` (the process exits mid-call) and ``append``
 (side-effecting; appends a line to the log). With ``--require-auth``, a request whose
 ``Authorization`` header is not exactly VALUE is refused with 401. Every call and every
@@ -89,11 +89,15 @@ class RequireAuth:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--stdio", action="store_true")
     parser.add_argument("--tag", default="faults")
     parser.add_argument("--log", default=None)
     parser.add_argument("--require-auth", default=None)
     args = parser.parse_args()
+    if args.stdio:
+        build(args.tag, args.log).run()
+        return
     asgi: Any = build(args.tag, args.log).streamable_http_app()
     if args.require_auth is not None:
         asgi = RequireAuth(asgi, args.require_auth)
