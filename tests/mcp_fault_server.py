@@ -2,7 +2,7 @@
 
 ``python tests/mcp_fault_server.py --port P --tag T [--log F] [--require-auth VALUE]`` serves on
 127.0.0.1:P until killed (``--stdio`` instead: over stdin/stdout, for the bench). Tools: ``echo`` (read-only; answers ``T:text``), ``slow`` (read-only;
-sleeps), ``fail`` (an ``isError`` result), ``die`` (the process exits mid-call) and ``append``
+sleeps), ``hold`` (side-effecting; sleeps), ``fail`` (an ``isError`` result), ``die`` (the process exits mid-call) and ``append``
 (side-effecting; appends a line to the log). With ``--require-auth``, a request whose
 ``Authorization`` header is not exactly VALUE is refused with 401. Every call and every
 cancellation is written to the log file, so a test can see what the server saw.
@@ -62,6 +62,14 @@ def build(tag: str, log_path: str | None) -> MCPServer:
         """The server process exits in the middle of the call."""
         log("die")
         os._exit(3)
+
+    @app.tool()
+    async def hold(seconds: float) -> str:
+        """Side-effecting and slow: log its start, sleep, log its effect."""
+        log(f"hold-start {seconds}")
+        await anyio.sleep(seconds)
+        log("hold-effect")
+        return "held"
 
     @app.tool()
     def append(line: str) -> str:

@@ -180,3 +180,25 @@ def test_check_config_connect_lists_tools_and_names_a_bad_server(tmp_path: Path)
     ok = daemon.run_cli("check-config", str(path), "--connect", timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "get_current_time" in ok.stdout
+
+
+def test_a_side_effecting_mcp_call_cut_off_by_a_child_kill_is_not_run_again(tmp_path: Path) -> None:
+    """The journal's rule holds for MCP tools too: ``hold`` has no readOnlyHint, so it is journaled."""
+    import os
+    import signal
+
+    from tests.daemon_harness import child_pids_of
+
+    one_child = "children = 1\nmax_children = 1\nspare_children = 0"
+    with fault_server(tmp_path) as server:
+        with running_daemon(tmp_path, config(http_server(server), ["faults:*"], supervisor=one_child)) as daemon:
+            session = daemon.new_session()
+            turn_id = daemon.send(session, 'call tool faults__hold {"seconds": 2}', wait=False)["turn_id"]
+            server.wait_line("hold-start 2.0")
+            assert daemon.process is not None
+            [pid] = child_pids_of(daemon.process.pid)
+            os.kill(pid, signal.SIGKILL)
+            assert daemon.turn(session, turn_id)["status"] == "completed"
+            [entry] = tool_entries(daemon.entries(session, turn_id))
+            assert entry["outcome_unknown"] is True
+            assert sum(line.startswith("hold-start") for line in server.lines()) == 1  # run once, never again

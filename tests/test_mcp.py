@@ -68,7 +68,7 @@ async def test_http_faults_are_error_results(tmp_path: Path) -> None:
             connection = hub.connection(config)
             await connection.settled(10.0)
             assert connection.listing is not None, connection.error
-            assert set(connection.listing) == {"echo", "slow", "fail", "die", "append"}
+            assert set(connection.listing) == {"echo", "slow", "hold", "fail", "die", "append"}
             assert not connection.listing["append"].read_only and connection.listing["echo"].read_only
             echo = await connection.call("echo", {"text": "hi"})
             assert (echo.content, echo.is_error) == ("faults:hi", False)
