@@ -47,6 +47,7 @@ bench: install-test
 	$(BIN)/python bench/provider_overhead.py
 	$(BIN)/python bench/swap_latency.py
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/tools.py
 
 clean:
 	rm -rf $(VENV) .agentd build *.egg-info

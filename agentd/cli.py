@@ -305,6 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
         "file", metavar="F", nargs="?", help="the config file; default AGENTD_CONFIG, else ./agentd.toml"
     )
     check.add_argument("--json", action="store_true", help='print {"valid": ..., "errors": [{"path", "message"}]}')
+    check.add_argument(
+        "--connect",
+        action="store_true",
+        help="also start (or reach) each [[mcp_servers]] entry and list its tools, so a bad server is caught before a reload",
+    )
     check.set_defaults(handler=cmd_check_config)
     return parser
 
@@ -699,6 +704,16 @@ def check_config(path: str | os.PathLike[str]) -> tuple[Config | None, list[Conf
     return validate_config_file(path)
 
 
+def _connect_servers(config: Config) -> tuple[list[Any], list[ConfigIssue]]:
+    """``--connect``: every MCP server reached with this environment (less the API token), its tools listed."""
+    import anyio
+
+    from agentd.mcp import check_servers
+
+    environ = {k: v for k, v in os.environ.items() if k != "AGENTD_API_TOKEN"}
+    return anyio.run(check_servers, config, environ)
+
+
 def _summary(config: Config) -> dict[str, Any]:
     assistants = []
     for assistant in config.assistants:
@@ -713,12 +728,21 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if path is None:
         raise UsageError("no config file given (and no AGENTD_CONFIG, and no ./agentd.toml)")
     config, issues = check_config(path)
+    servers: list[Any] = []
+    if args.connect and config is not None and config.mcp_servers:
+        servers, connect_issues = _connect_servers(config)
+        issues = [*issues, *connect_issues]
     if args.json:
         body: dict[str, Any] = {"valid": not issues, "errors": msgspec.to_builtins(issues)}
+        if args.connect:
+            body["mcp_servers"] = msgspec.to_builtins(servers)
         if config is not None and not issues:
             body.update(_summary(config))
         _out(_json(body))
         return 0 if not issues else 2
+    for server in servers:
+        listed = f"{len(server.tools)} tool(s): {', '.join(server.tools)}" if server.error is None else server.error
+        _out(f"mcp server {server.name}: {listed}")
     if issues or config is None:
         for issue in issues:
             _out(str(issue))

@@ -45,6 +45,7 @@ __all__ = [
     "Intelligence",
     "IntelligenceOverride",
     "Limits",
+    "McpServer",
     "PolicyChoice",
     "ProviderName",
     "ServerSettings",
@@ -53,6 +54,7 @@ __all__ = [
     "SwapPolicy",
     "Transfer",
     "TransferMode",
+    "config_env_names",
     "effective_intelligence",
     "intelligence_map",
     "load_config",
@@ -114,7 +116,14 @@ Name = Annotated[
 EnvVarName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 # A name, or a prefix ending in ``*`` ("OTEL_*"): what ``[supervisor] pass_env`` lets through to children.
 EnvVarPattern = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\*?$")]
-ToolRef = Annotated[str, msgspec.Meta(min_length=1, pattern=r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")]
+# A built-in (``clock``), a Python callable (``package.module:function``), or a tool of an MCP server
+# (``server:tool``, ``server:*``). The last two share a syntax: a prefix that names an
+# ``[[mcp_servers]]`` entry is a server (RFC 0008 §2). MCP tool names may hold ``-`` and ``.``.
+ToolRef = Annotated[
+    str, msgspec.Meta(min_length=1, pattern=r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z0-9_][\w.-]*:(\*|[A-Za-z0-9_][\w.-]*))$")
+]
+# HTTP header names (RFC 9110 tokens, the usual subset).
+HeaderName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")]
 
 
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -167,6 +176,25 @@ class SupervisorSettings(_Section, frozen=True):
     idle_unload: Seconds = 600.0
     # Daemon environment variables children (and so tools) see beyond the base set (RFC 0006 §8).
     pass_env: tuple[EnvVarPattern, ...] = ()
+
+
+class McpServer(_Section, frozen=True):
+    """An MCP server whose tools assistants may name (``server:tool``, ``server:*``), RFC 0008 §3.
+
+    Exactly one of ``command`` (stdio: the server is started by each child that needs it) and
+    ``url`` (streamable HTTP). Secrets never live in the file: ``env_from`` names daemon env vars
+    passed through to a stdio server, ``headers_from`` maps HTTP headers to env var names.
+    """
+
+    name: Name
+    command: tuple[Annotated[str, msgspec.Meta(min_length=1)], ...] | None = None
+    url: str | None = None
+    env: dict[EnvVarName, str] = {}
+    env_from: tuple[EnvVarName, ...] = ()
+    headers_from: dict[HeaderName, EnvVarName] = {}
+    call_timeout: Seconds = 60.0
+    # How long connecting (start, handshake, tools/list) may take before the server counts as down.
+    connect_timeout: Seconds = 10.0
 
 
 class Transfer(_Section, frozen=True):
@@ -232,6 +260,7 @@ class Config(_Section, frozen=True):
     intelligence: Intelligence = Intelligence()
     limits: Limits = Limits()
     supervisor: SupervisorSettings = SupervisorSettings()
+    mcp_servers: tuple[McpServer, ...] = ()
     assistants: tuple[Assistant, ...] = (DEFAULT_ASSISTANT,)
 
     def assistant(self, name: str) -> Assistant:
@@ -244,6 +273,10 @@ class Config(_Section, frozen=True):
     @property
     def default_assistant(self) -> Assistant:
         return self.assistants[0]
+
+    def mcp_server(self, name: str) -> McpServer | None:
+        """The ``[[mcp_servers]]`` entry called ``name``, or None."""
+        return next((server for server in self.mcp_servers if server.name == name), None)
 
 
 class ConfigIssue(msgspec.Struct, frozen=True):
@@ -476,6 +509,7 @@ def _store_issues(store: StoreSettings) -> list[ConfigIssue]:
 
 def _semantic_issues(config: Config) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = _listen_issues(config.server.listen) + _store_issues(config.store)
+    issues.extend(_mcp_server_issues(config.mcp_servers))
     names = [a.name for a in config.assistants]
     if not config.assistants:
         issues.append(ConfigIssue("assistants", "at least one assistant is required"))
@@ -495,13 +529,15 @@ def _semantic_issues(config: Config) -> list[ConfigIssue]:
                 issues.append(ConfigIssue(where, f"duplicate transfer destination {transfer.to!r}"))
             destinations.add(transfer.to)
         for k, tool in enumerate(assistant.tools):
-            if tool.rpartition(":")[2].startswith(TRANSFER_TOOL_PREFIX):
+            where = f"assistants[{i}].tools[{k}]"
+            prefix, _, rest = tool.partition(":")
+            if rest.startswith(TRANSFER_TOOL_PREFIX):
                 issues.append(
-                    ConfigIssue(
-                        f"assistants[{i}].tools[{k}]",
-                        f"tool names starting with {TRANSFER_TOOL_PREFIX!r} are reserved for transfers",
-                    )
+                    ConfigIssue(where, f"tool names starting with {TRANSFER_TOOL_PREFIX!r} are reserved for transfers")
                 )
+            elif config.mcp_server(prefix) is None and (rest == "*" or not _is_module_path(prefix)):
+                servers = ", ".join(s.name for s in config.mcp_servers) or "none"
+                issues.append(ConfigIssue(where, f"no MCP server named {prefix!r} ([[mcp_servers]]: {servers})"))
         # Report a problem where it is written: an inherited default is reported once, at its own path.
         override = assistant.intelligence
         own = f"assistants[{i}].intelligence"
@@ -511,6 +547,41 @@ def _semantic_issues(config: Config) -> list[ConfigIssue]:
         )
         issues.extend(_intelligence_issues(effective_intelligence(config, assistant.name), missing_at, urls_at))
     return _dedupe(issues)
+
+
+def _is_module_path(text: str) -> bool:
+    return all(part.isidentifier() for part in text.split("."))
+
+
+def _mcp_server_issues(servers: tuple[McpServer, ...]) -> list[ConfigIssue]:
+    """One transport per server, the options of that transport only, unique names, URLs without secrets."""
+    issues: list[ConfigIssue] = []
+    seen: set[str] = set()
+    for i, server in enumerate(servers):
+        where = f"mcp_servers[{i}]"
+        if server.name in seen:
+            issues.append(ConfigIssue(f"{where}.name", f"duplicate MCP server name {server.name!r}"))
+        seen.add(server.name)
+        if (server.command is None) == (server.url is None):
+            issues.append(ConfigIssue(where, "set exactly one of command (stdio) and url (streamable HTTP)"))
+        if server.command is not None and not server.command:
+            issues.append(ConfigIssue(f"{where}.command", "the command is empty"))
+        if server.url is not None:
+            if not re.match(r"^https?://[^\s/]+", server.url):
+                issues.append(ConfigIssue(f"{where}.url", "expected an http:// or https:// URL"))
+            elif re.match(r"^https?://[^/\s]*@", server.url) or "?" in server.url:
+                # Credentials and tokens in a URL end up in logs; they belong in headers_from.
+                issues.append(
+                    ConfigIssue(
+                        f"{where}.url", "credentials or a query string in the URL are not allowed; use headers_from"
+                    )
+                )
+            for key in ("env", "env_from"):
+                if getattr(server, key):
+                    issues.append(ConfigIssue(f"{where}.{key}", "only a stdio server (command) takes an environment"))
+        if server.command is not None and server.headers_from:
+            issues.append(ConfigIssue(f"{where}.headers_from", "only an HTTP server (url) takes headers"))
+    return issues
 
 
 def _intelligence_issues(intel: Intelligence, missing_at: str, where: str) -> list[ConfigIssue]:
@@ -677,6 +748,19 @@ def effective_intelligence(config: Config, assistant_name: str) -> Intelligence:
     if override.options is not None:
         changes["options"] = {**base.options, **override.options}
     return msgspec.structs.replace(base, **changes)
+
+
+def config_env_names(config: Config) -> list[str]:
+    """Every environment variable the config names (``api_key_env``, ``env_from``, ``headers_from``).
+
+    What a child's environment must hold for the config to work: secrets are read from these,
+    in the child, when they are used (RFC 0008 §3).
+    """
+    names = [config.intelligence.api_key_env]
+    names += [a.intelligence.api_key_env for a in config.assistants if a.intelligence is not None]
+    for server in config.mcp_servers:
+        names += [*server.env_from, *server.headers_from.values()]
+    return sorted({name for name in names if name})
 
 
 def intelligence_map(config: Config) -> dict[str, Intelligence]:

@@ -44,7 +44,10 @@ BASE_PATTERNS: tuple[str, ...] = ("LC_*",)
 
 
 def named_by(config: Config) -> frozenset[str]:
-    """The environment variables the config names as secrets a child reads (``api_key_env``)."""
+    """The variables a child's own environment gets because the config names them: ``api_key_env``
+    (providers read it there). MCP servers' ``env_from``/``headers_from`` are not among them: those
+    reach the child in its frames only (``mcp_secrets``), never its environment, so tools cannot
+    read them."""
     names = {config.intelligence.api_key_env}
     names.update(a.intelligence.api_key_env for a in config.assistants if a.intelligence is not None)
     return frozenset(name for name in names if name)
@@ -72,3 +75,11 @@ def child_environment(environ: Mapping[str, str], config: Config) -> dict[str, s
     """The whole environment a child process starts with under ``config``."""
     base = {k: v for k, v in environ.items() if k in BASE_NAMES or _matches(k, BASE_PATTERNS)}
     return {**base, **passed_through(environ, config)}
+
+
+def mcp_secrets(environ: Mapping[str, str], config: Config) -> dict[str, str]:
+    """The values of the variables ``[[mcp_servers]]`` name (``env_from``, ``headers_from``), sent in
+    ``spawn``/``swap_intel.secrets`` (RFC 0008 §3); never the withheld ones."""
+    hidden = withheld(config)
+    names = {n for server in config.mcp_servers for n in (*server.env_from, *server.headers_from.values())}
+    return {name: environ[name] for name in sorted(names) if name in environ and name not in hidden}

@@ -70,12 +70,19 @@ class SystemMessage(_Message, frozen=True, tag="system", kw_only=True):
 
 
 class ToolResult(_Message, frozen=True, tag="tool", kw_only=True):
-    """The answer to one tool call; ``call_id`` pairs it with the call for providers that need ids."""
+    """The answer to one tool call; ``call_id`` pairs it with the call for providers that need ids.
+
+    ``replayed``: the result an earlier run of the turn journaled, reused instead of running the
+    tool again. ``outcome_unknown``: an earlier run started the call and never recorded a result,
+    so it was not run again (RFC 0008 §5). Neither is sent to a model.
+    """
 
     name: str
     content: str
     call_id: str = ""
     is_error: bool = False
+    replayed: bool = False
+    outcome_unknown: bool = False
 
 
 Message = UserMessage | AssistantMessage | SystemMessage | ToolResult

@@ -20,7 +20,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from agentd.config import Config, Intelligence, Limits, SwapPolicy
 from agentd.messages import Message, UserMessage
-from agentd.records import Discarded, TurnRecord
+from agentd.records import Discarded, JournalEntry, TurnRecord
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -34,6 +34,9 @@ __all__ = [
     "Frame",
     "FrameChannel",
     "Input",
+    "JournalAck",
+    "JournalFinish",
+    "JournalStart",
     "Open",
     "Part",
     "Ping",
@@ -56,7 +59,7 @@ __all__ = [
     "encode_frames",
 ]
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: The most one logical frame may hold once its parts are joined (a long conversation's ``Open``).
 MAX_MESSAGE_BYTES = 1024 * 1024 * 1024
@@ -83,6 +86,15 @@ class _Frame(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_d
 # --------------------------------------------------------------------------- lifecycle
 
 
+class ChildEnv(msgspec.Struct, frozen=True, kw_only=True):
+    """Environment variables handed to a running child. Values may be secrets: the repr shows names only."""
+
+    values: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"ChildEnv(names={sorted(self.values)!r})"
+
+
 class Spawn(_Frame, frozen=True, tag="spawn", kw_only=True):
     """→ First frame to a new child: who it is and the config generation it starts on."""
 
@@ -92,6 +104,10 @@ class Spawn(_Frame, frozen=True, tag="spawn", kw_only=True):
     generation: int
     policy: SwapPolicy
     config: Config
+    # The values of the env vars the config names for its MCP servers (``env_from``,
+    # ``headers_from``; RFC 0008 §3): the child reads secrets from here, not from its own
+    # environment, so they reach it whatever environment it was started with, and after a reload.
+    secrets: ChildEnv | None = None
 
 
 class Ready(_Frame, frozen=True, tag="ready", kw_only=True):
@@ -158,6 +174,8 @@ class Input(_Frame, frozen=True, tag="input", kw_only=True):
     # Whether anyone watches the session's events. Unwatched, the child sends only the events the
     # supervisor itself needs (intel.waiting/recovered); a Watch frame turns them on mid-turn.
     watched: bool = True
+    # What earlier runs of this turn journaled (RFC 0008 §5): reused, never run again.
+    journal: list[JournalEntry] = []
 
 
 class Watch(_Frame, tag="watch", frozen=True, kw_only=True):
@@ -206,16 +224,36 @@ class TurnDone(_Frame, frozen=True, tag="turn_done", kw_only=True):
     transcript: list[Message] | None = None
 
 
+# --------------------------------------------------------------------------- the tool journal
+
+
+class JournalStart(_Frame, frozen=True, tag="journal_start", kw_only=True):
+    """← A side-effecting tool call is about to run: journal it. The tool runs only after the ack."""
+
+    session: str
+    turn: str
+    entry: JournalEntry
+
+
+class JournalFinish(_Frame, frozen=True, tag="journal_finish", kw_only=True):
+    """← The call journaled as ``entry.seq`` returned: journal its result before the turn goes on."""
+
+    session: str
+    turn: str
+    entry: JournalEntry
+
+
+class JournalAck(_Frame, frozen=True, tag="journal_ack", kw_only=True):
+    """→ A JournalStart or JournalFinish is durable (``error`` unset), or could not be written."""
+
+    session: str
+    turn: str
+    seq: int
+    finished: bool = False  # which of the two it answers
+    error: str | None = None
+
+
 # --------------------------------------------------------------------------- swaps
-
-
-class ChildEnv(msgspec.Struct, frozen=True, kw_only=True):
-    """Environment variables handed to a running child. Values may be secrets: the repr shows names only."""
-
-    values: dict[str, str] = {}
-
-    def __repr__(self) -> str:
-        return f"ChildEnv(names={sorted(self.values)!r})"
 
 
 class SwapIntel(_Frame, frozen=True, tag="swap_intel", kw_only=True):
@@ -230,6 +268,8 @@ class SwapIntel(_Frame, frozen=True, tag="swap_intel", kw_only=True):
     config: Config | None = None
     # Environment variables the generation names (api_key_env, pass_env) for children started earlier.
     env: ChildEnv | None = None
+    # As Spawn.secrets, for ``config``.
+    secrets: ChildEnv | None = None
 
 
 class SwapAck(_Frame, frozen=True, tag="swap_ack", kw_only=True):
@@ -297,6 +337,9 @@ Frame = (
     | SwapAck
     | SwapApplied
     | SwapsApplied
+    | JournalStart
+    | JournalFinish
+    | JournalAck
     | Part
 )
 

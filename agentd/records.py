@@ -11,14 +11,14 @@ Dependencies point one way: this module needs only ``agentd.budget`` and ``agent
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import UserMessage
 
-__all__ = ["PENDING", "Discarded", "SessionState", "StartedTurn", "TurnRecord"]
+__all__ = ["PENDING", "Discarded", "JournalEntry", "SessionState", "StartedTurn", "TurnRecord"]
 
 SessionState = Literal["idle", "running", "failed", "closed"]
 
@@ -63,3 +63,20 @@ class StartedTurn(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     message: UserMessage | None
     started_at: float
+
+
+class JournalEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One side-effecting tool call of a pending turn, as the tool journal holds it (RFC 0008 §5).
+
+    ``seq`` orders the turn's calls (unique per turn across its runs); ``tool`` is the name the
+    model called; ``call`` the model's call id. ``finished`` is False for a call that started and
+    has no recorded result: its outcome is unknown. ``content``/``is_error`` are its result.
+    """
+
+    seq: int
+    call: str
+    tool: str
+    arguments: dict[str, Any] = {}
+    finished: bool = False
+    content: str = ""
+    is_error: bool = False

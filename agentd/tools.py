@@ -13,13 +13,14 @@ import importlib
 import inspect
 import typing
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "AnyTool",
     "Tool",
     "ToolError",
     "ToolOutcome",
@@ -50,6 +51,21 @@ class ToolOutcome(msgspec.Struct, frozen=True):
 
     content: str
     is_error: bool = False
+
+
+class AnyTool(Protocol):
+    """What the turn loop needs of a tool, whatever its source (built-in, Python, MCP; RFC 0008 §1)."""
+
+    @property
+    def name(self) -> str:
+        """The name the model calls it by."""
+
+    @property
+    def spec(self) -> ToolSpec:
+        """What the model is told about it; ``side_effect_free`` decides replay."""
+
+    async def invoke(self, arguments: dict[str, Any]) -> ToolOutcome:
+        """Run it; every failure is an error outcome, never an exception."""
 
 
 def side_effect_free(fn: Callable[..., Any]) -> Callable[..., Any]:

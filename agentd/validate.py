@@ -4,7 +4,8 @@
 It checks, in order, and reports every issue found with its path:
 
 1. the file and its schema and references (``agentd.config``: bounded read, every field);
-2. the tools, resolved the way a child resolves them. ``module:function`` references are imported
+2. the tools, resolved the way a child resolves them (MCP tools, ``server:tool``, are not: their
+   names come from the server when a child connects; ``agentd check-config --connect`` does that). ``module:function`` references are imported
    in a fresh ``python -P -m agentd.validate`` process with the children's environment — ``-P``
    keeps the working directory off ``sys.path`` as it is for a child (RFC 0006 §9) — and within
    ``supervisor.spawn_timeout``: a tool a child cannot import by then can never start a child.
@@ -40,6 +41,7 @@ from agentd.config import (
     read_config_text,
 )
 from agentd.environment import child_environment
+from agentd.mcp import is_mcp_ref
 
 __all__ = ["resolve_tool_lists", "tool_issues", "validate_config_file"]
 
@@ -68,18 +70,23 @@ def validate_config_file(
         config = parse_config(text, str(path))
         issues: list[ConfigIssue] = []
         tool_lists = [list(a.tools) for a in config.assistants]
+        servers = [server.name for server in config.mcp_servers]
         timeout = config.supervisor.spawn_timeout
         if config.store.password_env:  # the store's password is no tool's business (RFC 0009 §1)
             base = os.environ if environ is None else environ
             environ = {k: v for k, v in base.items() if k != config.store.password_env}
     except ConfigError as exc:
         config, issues = None, list(exc.issues)
-        tool_lists = _raw_tool_lists(text)
+        tool_lists, servers = _raw_tool_lists(text), _raw_server_names(text)
         timeout = SupervisorSettings().spawn_timeout
     # A ref the schema already rejected (bad syntax) is not resolved again: one error each.
     reported = {issue.path for issue in issues}
     usable = [
-        [ref for k, ref in enumerate(refs) if f"assistants[{i}].tools[{k}]" not in reported]
+        [
+            ref
+            for k, ref in enumerate(refs)
+            if f"assistants[{i}].tools[{k}]" not in reported and not is_mcp_ref(ref, servers)
+        ]
         for i, refs in enumerate(tool_lists)
     ]
     # Tools are imported with exactly the environment a child would give them.
@@ -104,6 +111,18 @@ def _raw_tool_lists(text: str) -> list[list[str]]:
         tools = assistant.get("tools") if isinstance(assistant, dict) else None
         lists.append([t for t in tools if isinstance(t, str)] if isinstance(tools, list) else [])
     return lists
+
+
+def _raw_server_names(text: str) -> list[str]:
+    """The ``[[mcp_servers]]`` names straight from the TOML (for a file that failed validation)."""
+    try:
+        raw = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return []
+    servers = raw.get("mcp_servers")
+    if not isinstance(servers, list):
+        return []
+    return [s["name"] for s in servers if isinstance(s, dict) and isinstance(s.get("name"), str)]
 
 
 def _frame_issues(config: Config) -> list[ConfigIssue]:

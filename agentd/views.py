@@ -76,6 +76,8 @@ class Entry(_Body, kw_only=True, omit_defaults=True):
     tool_calls: list[ToolCallView] | None = None
     tool_call_id: str | None = None
     is_error: bool | None = None
+    replayed: bool | None = None
+    outcome_unknown: bool | None = None
     model: str | None = None
     assistant: str | None = None
 
@@ -116,6 +118,8 @@ def entry_from_message(seq: int, message: Message) -> Entry:
                 name=message.name,
                 tool_call_id=message.call_id or None,
                 is_error=message.is_error or None,
+                replayed=message.replayed or None,
+                outcome_unknown=message.outcome_unknown or None,
             )
     raise TypeError(f"not a message: {message!r}")
 

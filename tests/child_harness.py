@@ -17,7 +17,7 @@ import anyio
 
 from agentd.config import Config, SwapPolicy, intelligence_map, parse_config
 from agentd.messages import UserMessage
-from agentd.protocol import Event, Frame, Input, Open, Spawn, SwapIntel
+from agentd.protocol import Event, Frame, Input, JournalAck, JournalFinish, JournalStart, Open, Spawn, SwapIntel
 from agentd.supervisor.child import ChildProcess
 
 F = TypeVar("F")
@@ -36,12 +36,23 @@ class ChildHarness:
         self._consumed: set[int] = set()
         self._arrived = anyio.Event()
         self.closed = False
+        self.ack_journal = True
 
     async def read_frames(self) -> None:
         try:
             while (frame := await self.child.receive()) is not None:
                 self.frames.append(frame)
                 self._arrived.set()
+                if isinstance(frame, JournalStart | JournalFinish) and self.ack_journal:
+                    # Playing the supervisor: every journal write "is durable" at once.
+                    await self.child.send(
+                        JournalAck(
+                            session=frame.session,
+                            turn=frame.turn,
+                            seq=frame.entry.seq,
+                            finished=isinstance(frame, JournalFinish),
+                        )
+                    )
         except Exception:
             pass
         finally:

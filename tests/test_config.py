@@ -20,6 +20,7 @@ from agentd.config import (
     Intelligence,
     SwapPolicy,
     TransferMode,
+    config_env_names,
     effective_intelligence,
     intelligence_map,
     load_config,
@@ -701,3 +702,80 @@ def test_store_lease_is_a_duration_of_at_least_a_second() -> None:
     assert "expected a duration string" in issues_of("[store]\nlease = 10\n")["store.lease"]
     assert "unknown key" in issues_of('[store]\nhost = "db"\n')["store.host"]
     assert "store.password_env" in issues_of('[store]\npassword_env = "not a name"\n')
+
+
+# --------------------------------------------------------------------------- [[mcp_servers]] (RFC 0008 §3)
+
+MCP = """
+[intelligence]
+api_key_env = "OPENAI_KEY"
+
+[[mcp_servers]]
+name = "time"
+command = ["python", "-m", "mcp_server_time", "--local-timezone", "UTC"]
+env = { TZ = "UTC" }
+env_from = ["TIME_TOKEN"]
+call_timeout = "30s"
+
+[[mcp_servers]]
+name = "crm"
+url = "https://crm.example/mcp"
+headers_from = { Authorization = "CRM_AUTH", "X-Tenant" = "CRM_TENANT" }
+
+[[assistants]]
+name = "main"
+tools = ["clock", "time:*", "crm:find-customer", "tests.tooling_examples:add"]
+"""
+
+
+def test_mcp_servers_parse_with_their_defaults() -> None:
+    config = parse_config(MCP)
+    time, crm = config.mcp_servers
+    assert time.command == ("python", "-m", "mcp_server_time", "--local-timezone", "UTC")
+    assert (time.env, time.env_from, time.call_timeout, time.connect_timeout) == (
+        {"TZ": "UTC"},
+        ("TIME_TOKEN",),
+        30.0,
+        10.0,
+    )
+    assert crm.url == "https://crm.example/mcp" and crm.call_timeout == 60.0
+    assert crm.headers_from == {"Authorization": "CRM_AUTH", "X-Tenant": "CRM_TENANT"}
+    assert config.mcp_server("crm") is crm and config.mcp_server("nope") is None
+    assert config_env_names(config) == ["CRM_AUTH", "CRM_TENANT", "OPENAI_KEY", "TIME_TOKEN"]
+
+
+@pytest.mark.parametrize(
+    ("server", "path", "message"),
+    [
+        ('name = "x"', "mcp_servers[0]", "exactly one of command"),
+        ('name = "x"\ncommand = ["a"]\nurl = "http://h/mcp"', "mcp_servers[0]", "exactly one of command"),
+        ('name = "x"\ncommand = []', "mcp_servers[0].command", "empty"),
+        ('name = "x"\nurl = "ftp://h"', "mcp_servers[0].url", "http:// or https://"),
+        ('name = "x"\nurl = "http://u:p@h/mcp"', "mcp_servers[0].url", "use headers_from"),
+        ('name = "x"\nurl = "http://h/mcp?token=1"', "mcp_servers[0].url", "use headers_from"),
+        ('name = "x"\nurl = "http://h/mcp"\nenv_from = ["A"]', "mcp_servers[0].env_from", "only a stdio server"),
+        ('name = "x"\ncommand = ["a"]\nheaders_from = { A = "B" }', "mcp_servers[0].headers_from", "only an HTTP"),
+        ('name = "x"\ncommand = ["a"]\nenv_from = ["not a name"]', "mcp_servers[0].env_from[0]", ""),
+        ('name = "x"\ncommand = ["a"]\ncall_timeout = "soon"', "mcp_servers[0].call_timeout", "invalid duration"),
+        ('name = "x:y"\ncommand = ["a"]', "mcp_servers[0].name", ""),
+    ],
+)
+def test_mcp_server_errors_name_the_field(server: str, path: str, message: str) -> None:
+    issues = issues_of(f"[[mcp_servers]]\n{server}\n")
+    assert path in issues, issues
+    assert message in issues[path]
+
+
+def test_tool_refs_must_name_a_defined_server() -> None:
+    issues = issues_of(
+        '[[mcp_servers]]\nname = "time"\ncommand = ["a"]\n[[assistants]]\nname = "a"\ntools = ["tiem:*", "t-1:x"]\n'
+    )
+    assert "no MCP server named 'tiem'" in issues["assistants[0].tools[0]"]
+    assert "no MCP server named 't-1'" in issues["assistants[0].tools[1]"]
+
+
+def test_duplicate_mcp_server_names_are_refused() -> None:
+    issues = issues_of(
+        '[[mcp_servers]]\nname = "a"\ncommand = ["x"]\n[[mcp_servers]]\nname = "a"\nurl = "http://h/mcp"\n'
+    )
+    assert "duplicate MCP server name" in issues["mcp_servers[1].name"]

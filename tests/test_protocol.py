@@ -40,6 +40,9 @@ from agentd.protocol import (
     Frame,
     FrameChannel,
     Input,
+    JournalAck,
+    JournalFinish,
+    JournalStart,
     Open,
     Part,
     Ping,
@@ -60,7 +63,7 @@ from agentd.protocol import (
     encode_frame,
     encode_frames,
 )
-from agentd.records import Discarded, TurnRecord
+from agentd.records import Discarded, JournalEntry, TurnRecord
 
 FIXTURES = Path(__file__).parent / "fixtures" / "frames"
 REGEN = os.environ.get("AGENTD_REGEN_FIXTURES") == "1"
@@ -86,8 +89,21 @@ model = "qwen3-8b"
 api_key_env = "OPENAI_API_KEY"
 options = { temperature = 0.2, top_p = 0.9 }
 
+[[mcp_servers]]
+name = "time"
+url = "http://127.0.0.1:8931/mcp"
+headers_from = { Authorization = "TIME_AUTH" }
+call_timeout = "30s"
+
+[[mcp_servers]]
+name = "files"
+command = ["python", "-m", "files_server"]
+env = { TZ = "UTC" }
+env_from = ["FILES_TOKEN"]
+
 [[assistants]]
 name = "triage"
+tools = ["clock", "time:*", "files:read_file"]
 
 [[assistants]]
 name = "billing"
@@ -116,6 +132,13 @@ _TOOL_ERROR = ToolResult(
     is_error=True,
     turn="t-1",
 )
+_TOOL_REPLAYED = ToolResult(name="refund", content="refunded", call_id="call-3", replayed=True, turn="t-1")
+_TOOL_UNKNOWN = ToolResult(
+    name="refund", content="outcome unknown", call_id="call-4", is_error=True, outcome_unknown=True, turn="t-1"
+)
+_JOURNALED = JournalEntry(
+    seq=2, call="call-3", tool="refund", arguments={"order": 7}, finished=True, content="refunded", is_error=True
+)
 _ASSISTANT_ANSWER = AssistantMessage(
     content="It is 13:00 in Paris.",
     name="triage",
@@ -128,7 +151,13 @@ _ASSISTANT_ANSWER = AssistantMessage(
 
 def _samples() -> list[Any]:
     return [
-        Spawn(child_id="child-7", generation=3, policy=SwapPolicy.RESTART_TURN, config=quickstart_config()),
+        Spawn(
+            child_id="child-7",
+            generation=3,
+            policy=SwapPolicy.RESTART_TURN,
+            config=quickstart_config(),
+            secrets=ChildEnv(values={"TIME_TOKEN": "not-a-real-secret"}),
+        ),
         Ready(child_id="child-7", pid=4242),
         Ping(seq=17),
         Pong(seq=17),
@@ -142,6 +171,7 @@ def _samples() -> list[Any]:
             message=UserMessage(content="Transfer me to billing", name="alice"),
             started_at=1764583200.5,
             watched=False,
+            journal=[_JOURNALED, JournalEntry(seq=3, call="call-4", tool="refund")],
         ),
         Cancel(session="s-1", turn="t-2"),
         Watch(session="s-1", watched=False),
@@ -171,7 +201,16 @@ def _samples() -> list[Any]:
                 ended_at=1714561203.5,
                 error="tool 'clock' called 4 times with the same arguments",
             ),
-            messages=[_SYSTEM, _USER, _ASSISTANT_CALLS, _TOOL, _TOOL_ERROR, _ASSISTANT_ANSWER],
+            messages=[
+                _SYSTEM,
+                _USER,
+                _ASSISTANT_CALLS,
+                _TOOL,
+                _TOOL_ERROR,
+                _TOOL_REPLAYED,
+                _TOOL_UNKNOWN,
+                _ASSISTANT_ANSWER,
+            ],
             transcript=[_SYSTEM, _USER, _ASSISTANT_ANSWER],
         ),
         SwapIntel(
@@ -181,8 +220,14 @@ def _samples() -> list[Any]:
             limits=Limits(max_steps=5, max_tokens=4000, deadline=30.0, max_turn_restarts=1),
             config=_SWAP_CONFIG,
             env=ChildEnv(values={"PROVIDER_KEY": "not-a-real-key"}),
+            secrets=ChildEnv(values={"TIME_AUTH": "Bearer not-a-real-secret"}),
         ),
         SwapAck(generation=4),
+        JournalStart(
+            session="s-1", turn="t-2", entry=JournalEntry(seq=1, call="call-1", tool="refund", arguments={"order": 7})
+        ),
+        JournalFinish(session="s-1", turn="t-2", entry=_JOURNALED),
+        JournalAck(session="s-1", turn="t-2", seq=1, finished=True, error="the store is unavailable"),
         Part(data=b"\x00\x01 a slice of a payload", last=True),
         SwapApplied(
             session="s-1",
@@ -236,7 +281,7 @@ def test_golden_fixture(sample: Any) -> None:
 
 def test_every_frame_type_has_a_sample_and_a_fixture() -> None:
     """Adding a frame to the Frame union without a sample and a golden fixture fails here."""
-    assert len(FRAME_TYPES) == 19
+    assert len(FRAME_TYPES) == 22
     sampled = {type(s) for s in SAMPLES}
     missing_samples = [cls.__name__ for cls in FRAME_TYPES if cls not in sampled]
     assert not missing_samples, f"frame types without a golden sample: {missing_samples}"

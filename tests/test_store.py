@@ -24,7 +24,7 @@ import pytest
 
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
-from agentd.records import Discarded, StartedTurn, TurnRecord
+from agentd.records import Discarded, JournalEntry, StartedTurn, TurnRecord
 from agentd.store import CommittedTurn, SqliteStore, Store, StoredEntry, StoreError, UnknownSession, codec, migrations
 from tests.store_harness import Backend
 
@@ -148,10 +148,11 @@ def every_kind(turn: str = "t0") -> list[Message]:
 
 
 async def test_schema_version_and_indexes(store: Store, backend: Backend) -> None:
-    assert migrations.SCHEMA_VERSION == 3
+    assert migrations.SCHEMA_VERSION == 4
     assert backend.schema_version() == migrations.SCHEMA_VERSION
     assert {"sessions_state", "sessions_owner", "turns_one_pending", "entries_active"} <= backend.indexes()
     assert {"owner", "lease_expires", "fence"} <= set(backend.columns("sessions"))
+    assert {"session", "turn", "seq", "call", "tool", "arguments", "finished_at"} <= set(backend.columns("journal"))
 
 
 def test_both_backends_have_a_migration_for_every_version() -> None:
@@ -163,6 +164,7 @@ def test_both_backends_have_a_migration_for_every_version() -> None:
 async def test_sqlite_wal_mode_synchronous_full_and_foreign_keys(sqlite_store: SqliteStore, db_path: Path) -> None:
     assert raw(db_path, "PRAGMA journal_mode") == [("wal",)]  # WAL is persistent: any connection sees it
     assert raw(db_path, "PRAGMA user_version") == [(migrations.SCHEMA_VERSION,)]
+    assert ("sessions_state",) in raw(db_path, "SELECT name FROM sqlite_master WHERE type = 'index'")
 
     def pragmas(conn: sqlite3.Connection) -> tuple[int, int]:
         return (conn.execute("PRAGMA synchronous").fetchone()[0], conn.execute("PRAGMA foreign_keys").fetchone()[0])
@@ -1033,3 +1035,78 @@ async def test_concurrent_writes_share_a_transaction_and_a_failing_one_leaves_th
         SystemMessage(content="You route customers.", name="triage"),
         UserMessage(content="t1", turn="t1"),
     ]
+
+
+# --------------------------------------------------------------------------- the tool journal
+
+
+def journal_entry(seq: int, tool: str = "refund", **arguments: Any) -> JournalEntry:
+    return JournalEntry(seq=seq, call=f"call_{seq}", tool=tool, arguments=arguments or {"order": seq})
+
+
+async def test_journal_holds_started_and_finished_calls_in_order(store: Store) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="refund it"), 1001.0)
+    await store.journal_start("s1", "t1", journal_entry(1, nested={"a": [1, 2.5, None]}))
+    await store.journal_start("s1", "t1", journal_entry(2))
+    await store.journal_finish("s1", "t1", 1, content="refunded ✓", is_error=True)
+    first, second = await store.journal_entries("s1", "t1")
+    assert first == JournalEntry(
+        seq=1, call="call_1", tool="refund", arguments={"nested": {"a": [1, 2.5, None]}},
+        finished=True, content="refunded ✓", is_error=True,
+    )  # fmt: skip
+    assert second == journal_entry(2) and not second.finished
+    assert await store.journal_entries("s1", "other") == []
+
+
+async def test_journal_refuses_what_would_break_at_most_once(store: Store) -> None:
+    await new_session(store)
+    with pytest.raises(StoreError, match="no such turn"):
+        await store.journal_start("s1", "t1", journal_entry(1))
+    await store.begin_turn("s1", "t1", UserMessage(content="go"), 1001.0)
+    await store.journal_start("s1", "t1", journal_entry(1))
+    with pytest.raises(StoreError, match="journaled already"):
+        await store.journal_start("s1", "t1", journal_entry(1))
+    with pytest.raises(StoreError, match="no such call is waiting"):
+        await store.journal_finish("s1", "t1", 2, content="", is_error=False)
+    await store.journal_finish("s1", "t1", 1, content="done", is_error=False)
+    with pytest.raises(StoreError, match="no such call is waiting"):  # a result is written once
+        await store.journal_finish("s1", "t1", 1, content="again", is_error=False)
+    assert [e.content for e in await store.journal_entries("s1", "t1")] == ["done"]
+
+
+@pytest.mark.parametrize("ending", ["commit", "abandon"])
+async def test_journal_is_pruned_by_the_transaction_that_ends_the_turn(store: Store, ending: str) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="go"), 1001.0)
+    await store.journal_start("s1", "t1", journal_entry(1))
+    await store.journal_finish("s1", "t1", 1, content="done", is_error=False)
+    if ending == "commit":
+        await commit(store, "s1", "t1", [reply("t1", "done")])
+    else:
+        await store.abandon_turn("s1", "t1", status="cancelled", error="closed", ended_at=1002.0)
+    assert await store.journal_entries("s1", "t1") == []
+    with pytest.raises(StoreError, match="not pending"):  # a late write for an ended turn is refused
+        await store.journal_start("s1", "t1", journal_entry(2))
+
+
+async def test_a_failed_commit_keeps_the_journal(store: Store, db_path: Path) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="go"), 1001.0)
+    await store.journal_start("s1", "t1", journal_entry(1))
+    with pytest.raises(StoreError):  # not a transcript message: the whole commit is undone
+        await commit(store, "s1", "t1", ["not a message"])  # type: ignore[list-item]
+    assert len(await store.journal_entries("s1", "t1")) == 1
+
+
+async def test_journal_survives_reopening(db_path: Path) -> None:
+    first = await SqliteStore.open(db_path)
+    await new_session(first)
+    await first.begin_turn("s1", "t1", UserMessage(content="go"), 1001.0)
+    await first.journal_start("s1", "t1", journal_entry(1))
+    await first.close()
+    again = await SqliteStore.open(db_path)
+    try:
+        assert await again.journal_entries("s1", "t1") == [journal_entry(1)]
+    finally:
+        await again.close()

@@ -16,7 +16,7 @@ import pytest
 
 from agentd.budget import TurnStatus
 from agentd.messages import AssistantMessage, SystemMessage, UserMessage
-from agentd.records import TurnRecord
+from agentd.records import JournalEntry, TurnRecord
 from agentd.store import Lease, LeaseLost, Store, StoreError, UnknownSession
 from tests.store_harness import Backend
 
@@ -209,6 +209,10 @@ async def test_every_fenced_write_refuses_a_stale_token(store: Store) -> None:
         await store.abandon_turn("s1", "t1", status="cancelled", error=None, ended_at=3.0, lease=old)
     with pytest.raises(LeaseLost, match=r"^cannot update session s1: replica r1 no longer holds"):
         await store.update_session("s1", generation=9, lease=old)
+    entry = JournalEntry(seq=1, call="call_1", tool="refund", arguments={"amount": 5})
+    with pytest.raises(LeaseLost, match=r"^cannot journal session s1 turn t1 call 1: replica r1 no longer holds"):
+        await store.journal_start("s1", "t1", entry, lease=old)
+    assert await store.journal_entries("s1", "t1") == []
     session = await store.load_session("s1")
     assert session is not None and session.generation == 1 and session.state == "running"
     # Unfenced writes (any replica may accept a message or close a session) are not affected.

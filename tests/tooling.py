@@ -41,6 +41,10 @@ def held_pure(label: str = "") -> str:
     return held(label)
 
 
+# Declared free of side effects so that every re-run of the turn runs it again (a side-effecting
+# tool that was cut off is never run a second time, RFC 0008 §4): these two exist to crash or hang
+# the child on every run, for the blame and deadline rules.
+@side_effect_free
 def kill_child(label: str = "") -> str:
     """Kill the child process it runs in: a tool that crashes its host, every time."""
     _log(f"kill_child {label}")
@@ -48,6 +52,7 @@ def kill_child(label: str = "") -> str:
     return "unreachable"
 
 
+@side_effect_free
 async def block_child(label: str = "") -> str:
     """Block the child's event loop for good: a blocking sleep inside ``async def``."""
     _log(f"block_child {label}")

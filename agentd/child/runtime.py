@@ -3,6 +3,9 @@
 The control reader is its own task, so a Ping or a SwapIntel is answered while a model call or a
 tool call is in flight. Each turn runs in a task of the child's task group; sends are serialized
 by the channel. A closed channel means the supervisor is gone: the child exits.
+
+The child's MCP connections (``agentd.mcp.McpHub``) are shared by its sessions; a side-effecting
+tool call waits for the supervisor's ``JournalAck`` before it runs (RFC 0008 §5).
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import anyio
 
 from agentd import events
 from agentd.child.session import ChildSession
+from agentd.child.toolbox import Toolbox, build_toolbox
 from agentd.child.turn import run_turn
 from agentd.config import Config, Intelligence, intelligence_map
+from agentd.mcp import McpHub
 from agentd.obs import get_logger
 from agentd.protocol import (
     AppliedSwap,
@@ -25,6 +30,9 @@ from agentd.protocol import (
     Frame,
     FrameChannel,
     Input,
+    JournalAck,
+    JournalFinish,
+    JournalStart,
     Open,
     Ping,
     Pong,
@@ -36,7 +44,7 @@ from agentd.protocol import (
     SwapsApplied,
     Watch,
 )
-from agentd.tools import Tool, resolve_tools
+from agentd.tools import AnyTool
 
 __all__ = ["EXIT_PROTOCOL_ERROR", "ChildRuntime"]
 
@@ -56,7 +64,13 @@ class ChildRuntime:
         self.limits = spawn.config.limits
         self.intelligence: dict[str, Intelligence] = intelligence_map(spawn.config)
         # Resolved once: a tool that cannot be imported fails the spawn, not a turn.
-        self.toolboxes: dict[str, dict[str, Tool]] = {a.name: resolve_tools(a.tools) for a in spawn.config.assistants}
+        self.toolboxes: dict[str, Toolbox] = {a.name: build_toolbox(a, spawn.config) for a in spawn.config.assistants}
+        self.environ = (
+            dict(spawn.secrets.values) if spawn.secrets else {}
+        )  # the values of the env vars the config names (RFC 0008 §3)
+        self.hub: McpHub | None = None
+        # Journal frames waiting for their ack: (session, turn, seq, finished) → (event, [error]).
+        self._journal_waits: dict[tuple[str, str, int, bool], tuple[anyio.Event, list[str | None]]] = {}
         self.sessions: dict[str, ChildSession] = {}
         self.draining = False
         self.exit_code = 0
@@ -68,8 +82,11 @@ class ChildRuntime:
         """Serve until told to stop; return the process exit code."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            self.hub = McpHub(tg, self.environ)
+            self.hub.configure(self.config.mcp_servers)
             tg.start_soon(self._read_control)
             await self._done.wait()
+            self.hub.close()
             tg.cancel_scope.cancel()
         return self.exit_code
 
@@ -115,6 +132,8 @@ class ChildRuntime:
                 session = self.sessions.get(session_id)
                 if session and session.turn_scope and (turn is None or turn == session.turn_id):
                     session.turn_scope.cancel()
+            case JournalAck():
+                self._on_journal_ack(frame)
             case Watch(session=session_id, watched=watched):
                 if (watched_session := self.sessions.get(session_id)) is not None:
                     watched_session.watched = watched
@@ -138,6 +157,7 @@ class ChildRuntime:
         if frame.env is not None:
             os.environ.update(frame.env.values)  # before providers and tools of the generation start
         if frame.config is not None:
+            self.environ = dict(frame.secrets.values) if frame.secrets else {}
             self._adopt_config(frame.config)
         applied: list[AppliedSwap] = []
         for session in list(self.sessions.values()):
@@ -177,10 +197,12 @@ class ChildRuntime:
         toolboxes = dict(self.toolboxes)
         for assistant in config.assistants:
             try:
-                toolboxes[assistant.name] = resolve_tools(assistant.tools)
+                toolboxes[assistant.name] = build_toolbox(assistant, config)
             except Exception as exc:  # validated by the supervisor first; never take the child down
                 log.error("child.tools_unresolved", child=self.child_id, assistant=assistant.name, error=str(exc))
         self.toolboxes = toolboxes
+        if self.hub is not None:  # servers changed or dropped: their old connections close once unused
+            self.hub.configure(config.mcp_servers, self.environ)
 
     async def _on_open(self, frame: Open) -> None:
         if frame.session in self.sessions:
@@ -202,6 +224,9 @@ class ChildRuntime:
             await self.send(Failed(session=frame.session, error=f"unknown assistant {frame.assistant!r}"))
             return
         self.sessions[frame.session] = session
+        toolbox = self.toolboxes.get(frame.assistant)
+        if toolbox is not None and self.hub is not None:
+            self.hub.warm(toolbox.servers)  # connect while the session waits for its first message
 
     async def _on_input(self, frame: Input) -> None:
         session = self.sessions.get(frame.session)
@@ -227,9 +252,22 @@ class ChildRuntime:
 
     async def _turn_task(self, session: ChildSession, frame: Input) -> None:
         try:
-            done = await run_turn(
-                session, frame.turn, frame.message, self.toolboxes[session.assistant], accepted_at=frame.started_at
-            )
+            toolbox = self.toolboxes[session.assistant]
+            assert self.hub is not None
+            async with self.hub.hold(toolbox.servers) as connections:
+
+                async def tools() -> dict[str, AnyTool]:
+                    return await toolbox.tools(connections)
+
+                done = await run_turn(
+                    session,
+                    frame.turn,
+                    frame.message,
+                    tools,
+                    accepted_at=frame.started_at,
+                    journal=frame.journal,
+                    write=self._journal,
+                )
             await self.send(done)
             await session.apply_parked(turn=None)  # idle now: its boundary is now
         except Exception as exc:  # a loop bug must not take the other sessions down
@@ -238,6 +276,24 @@ class ChildRuntime:
         finally:
             if not any(s.running for s in self.sessions.values()):
                 self._idle.set()
+
+    async def _journal(self, frame: JournalStart | JournalFinish) -> str | None:
+        """Send a journal frame and wait for its ack: None once it is durable, else why not."""
+        key = (frame.session, frame.turn, frame.entry.seq, isinstance(frame, JournalFinish))
+        waiter: tuple[anyio.Event, list[str | None]] = (anyio.Event(), [None])
+        self._journal_waits[key] = waiter
+        try:
+            await self.send(frame)
+            await waiter[0].wait()  # a gone supervisor stops the child, which ends this wait
+            return waiter[1][0]
+        finally:
+            self._journal_waits.pop(key, None)
+
+    def _on_journal_ack(self, ack: JournalAck) -> None:
+        waiter = self._journal_waits.get((ack.session, ack.turn, ack.seq, ack.finished))
+        if waiter is not None:
+            waiter[1][0] = ack.error
+            waiter[0].set()
 
     async def _drain(self, grace: float) -> None:
         """Start nothing new; let running turns end within ``grace``; then exit 0."""

@@ -4,16 +4,16 @@ A turn is one or more *attempts*. An attempt runs steps (a model call, then the 
 for) within a fresh budget until it ends with a status — or until a restart-turn model swap is
 parked, in which case it stops at the next checkpoint: work already running (a model call, a tool
 call) always completes; nothing new of the attempt starts. The attempt's messages are discarded,
-the swap is applied, and the turn re-runs from the pre-turn transcript. Tools that ran in a
-discarded attempt are not run again for the same arguments: their recorded results are replayed,
-unless the tool is declared free of side effects.
+the swap is applied, and the turn re-runs from the pre-turn transcript. Side-effecting tools that
+ran in a discarded attempt — or in an earlier run of the turn, as the tool journal says — are not
+run again for the same arguments: their results are replayed (``agentd.child.journal``, RFC 0008).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,15 +21,16 @@ import anyio
 import msgspec
 
 from agentd import events
-from agentd.budget import TurnBudget, TurnStatus, Usage, call_key
+from agentd.budget import TurnBudget, TurnStatus, Usage
+from agentd.child.journal import OUTCOME_UNKNOWN, REPLAYED, JournalWrite, ToolLedger
 from agentd.child.session import ChildSession
 from agentd.intel import CompletionRequest, IntelError
 from agentd.intel.base import Completion, IntelErrorKind
 from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, UserMessage, is_empty_assistant
 from agentd.obs import get_logger
 from agentd.protocol import TurnDiscarded, TurnDone
-from agentd.records import Discarded, TurnRecord
-from agentd.tools import Tool, ToolOutcome, ToolSpec
+from agentd.records import Discarded, JournalEntry, TurnRecord
+from agentd.tools import AnyTool, ToolOutcome, ToolSpec
 from agentd.transfer import (
     OpenerKind,
     TransferChoice,
@@ -45,7 +46,7 @@ from agentd.transfer import (
     transfer_tool_specs,
 )
 
-__all__ = ["run_turn"]
+__all__ = ["ToolsFor", "run_turn"]
 
 log = get_logger("child")
 
@@ -53,7 +54,8 @@ _RESULT_EVENT_CHARS = 2000
 _INTEL_BACKOFF_START = 0.5
 _INTEL_BACKOFF_MAX = 10.0
 
-Replay = dict[str, list[ToolOutcome]]
+#: The tools of a turn, resolved when it starts (MCP tools need their servers' listings).
+ToolsFor = Callable[[], Awaitable[Mapping[str, AnyTool]]]
 
 
 class _Restart(Exception):
@@ -67,11 +69,10 @@ class _Attempt:
     session: ChildSession
     turn: str
     base: list[Message]
-    tools: Mapping[str, Tool]
-    replay: Replay
+    tools: Mapping[str, AnyTool]
+    ledger: ToolLedger
     restarts: int
     messages: list[Message] = field(default_factory=list)
-    used: Replay = field(default_factory=dict)
     budget: TurnBudget | None = None
     waiting_for_intel: bool = False
     error: str | None = None
@@ -90,6 +91,7 @@ class _Attempt:
     async def run(self) -> TurnStatus:
         """Run steps until a status ends the attempt; raises _Restart at a checkpoint if due."""
         limits = self.session.limits
+        self.ledger.new_attempt()
         self.budget = TurnBudget(limits, anyio.current_time())
         self.model = self.session.current_intelligence.model
         with anyio.move_on_after(self.deadline_seconds(limits.deadline)) as deadline_scope:
@@ -230,7 +232,7 @@ class _Attempt:
         else:
             destination = destination_of(call.name) or call.name
             outcome = ToolOutcome(transfer_result(destination, superseded_by=transfer.transfer.to), is_error=True)
-        await self._record(call, outcome, replayed=False)
+        await self._record(call, outcome, None)
 
     async def _transfer(self, choice: TransferChoice) -> None:
         """Hand the conversation over: rewrite the history per the mode, switch assistant, add the opener."""
@@ -287,7 +289,7 @@ class _Attempt:
 
     async def _run_tool(self, call: ToolCall) -> None:
         await self.session.emit(events.TOOL_CALL, self.turn, id=call.id, name=call.name, arguments=call.arguments)
-        replayed = False
+        how: str | None = None
         tool = self.tools.get(call.name)
         if call.arguments_error is not None:
             outcome = ToolOutcome(f"invalid arguments for tool {call.name!r}: {call.arguments_error}", is_error=True)
@@ -295,20 +297,22 @@ class _Attempt:
             available = ", ".join(self.tools) or "none"
             outcome = ToolOutcome(f"unknown tool {call.name!r}; available tools: {available}", is_error=True)
         else:
-            key = call_key(call.name, call.arguments)
-            recorded = self.replay.get(key)
-            if recorded and not tool.spec.side_effect_free:
-                outcome, replayed = recorded.pop(0), True
-                log.info(events.LOG_TOOL_REPLAYED, session=self.session.id, turn=self.turn, tool=call.name)
-            else:
-                outcome = await tool.invoke(call.arguments)
-            self.used.setdefault(key, []).append(outcome)
-        await self._record(call, outcome, replayed)
+            outcome, how = await self.ledger.run(call, tool)
+            if how is not None:
+                log.info(events.LOG_TOOL_REPLAYED, session=self.session.id, turn=self.turn, tool=call.name, how=how)
+        await self._record(call, outcome, how)
 
-    async def _record(self, call: ToolCall, outcome: ToolOutcome, replayed: bool) -> None:
+    async def _record(self, call: ToolCall, outcome: ToolOutcome, how: str | None) -> None:
+        replayed, unknown = how == REPLAYED, how == OUTCOME_UNKNOWN
         self.messages.append(
             ToolResult(
-                turn=self.turn, name=call.name, content=outcome.content, call_id=call.id, is_error=outcome.is_error
+                turn=self.turn,
+                name=call.name,
+                content=outcome.content,
+                call_id=call.id,
+                is_error=outcome.is_error,
+                replayed=replayed,
+                outcome_unknown=unknown,
             )
         )
         await self.session.emit(
@@ -318,6 +322,7 @@ class _Attempt:
             name=call.name,
             is_error=outcome.is_error,
             replayed=replayed,
+            outcome_unknown=unknown,
             content=outcome.content[:_RESULT_EVENT_CHARS],
         )
 
@@ -344,13 +349,6 @@ class _Attempt:
                     )
                 )
 
-    def replay_for_next(self) -> Replay:
-        """Outcomes a re-run may reuse: what this attempt used plus what it left unused."""
-        merged: Replay = {key: list(outcomes) for key, outcomes in self.used.items()}
-        for key, outcomes in self.replay.items():
-            merged.setdefault(key, []).extend(outcomes)
-        return merged
-
     @property
     def steps(self) -> int:
         return self.budget.steps if self.budget else 0
@@ -368,13 +366,18 @@ async def run_turn(
     session: ChildSession,
     turn: str,
     message: UserMessage | None,
-    tools: Mapping[str, Tool],
+    tools: Mapping[str, AnyTool] | ToolsFor,
     accepted_at: float | None = None,
+    *,
+    journal: Sequence[JournalEntry] = (),
+    write: JournalWrite | None = None,
 ) -> TurnDone:
     """Run one turn to its end and return the TurnDone to send (TurnDiscarded frames are sent on the way).
 
     ``accepted_at`` (epoch seconds) is when the supervisor accepted the turn: its deadline counts
-    from then, so a turn re-run after a crash does not get a fresh deadline.
+    from then, so a turn re-run after a crash does not get a fresh deadline. ``journal`` is what
+    earlier runs of the turn journaled; ``write`` journals durably (None: in memory only).
+    ``tools`` may be resolved when the turn starts (inside its cancel scope: a Cancel ends the wait).
     """
     started_at = time.time()
     session.turn_id = turn
@@ -386,12 +389,13 @@ async def run_turn(
             events.TURN_STARTED, turn, assistant=session.assistant, model=session.current_intelligence.model
         )
         restarts, discarded, usage = 0, [], Usage()
-        replay: Replay = {}
+        ledger = ToolLedger(session.id, turn, journal, write)
         scope = session.turn_scope or anyio.CancelScope()
         session.turn_scope = scope
         status: TurnStatus = TurnStatus.CANCELLED
-        attempt = _Attempt(session, turn, base, tools, replay, restarts, accepted_at=accepted_at)
+        attempt = _Attempt(session, turn, base, {}, ledger, restarts, accepted_at=accepted_at)
         with scope:  # Cancel frames cancel this scope, whichever attempt is running
+            attempt.tools = tools if isinstance(tools, Mapping) else await tools()
             while True:
                 try:
                     status = await attempt.run()
@@ -401,8 +405,7 @@ async def run_turn(
                     # the turn with the discarded attempt already accounted for, never committed.
                     thrown_away, restarts = attempt, restarts + 1
                     usage = usage + thrown_away.usage
-                    replay = thrown_away.replay_for_next()
-                    attempt = _Attempt(session, turn, base, tools, replay, restarts)
+                    attempt = _Attempt(session, turn, base, thrown_away.tools, ledger, restarts)
                     with anyio.CancelScope(shield=True):
                         discarded.append(await _discard(session, thrown_away))
         if scope.cancelled_caught:

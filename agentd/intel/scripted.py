@@ -6,7 +6,8 @@ starts with ``[<model>]`` so a swap is visible in the transcript.
 
 How it decides, reading the history since the last user message (step k = assistant messages since):
 - step 0 calls, in parallel: every offered tool the user's text names; NAME for "call tool NAME"
-  even when it is not offered (to show what an unknown tool does); and, when the user asks to be
+  even when it is not offered (to show what an unknown tool does), with the arguments of a flat
+  JSON object right after it ("call tool time__get_current_time {"timezone": "UTC"}"); and, when the user asks to be
   transferred ("transfer" and the name of an offered ``transfer_to_<name>`` tool's destination),
   that transfer tool, last;
 - while k < ``steps`` → call the first offered (non-transfer) tool; its first integer parameter
@@ -39,7 +40,7 @@ from agentd.tools import ToolSpec
 __all__ = ["ScriptedOptions", "ScriptedProvider", "scripted_reply"]
 
 _HOLD_POLL_SECONDS = 0.02
-_CALL_TOOL_RE = re.compile(r"\bcall tool ([A-Za-z_][\w.-]*)", re.IGNORECASE)
+_CALL_TOOL_RE = re.compile(r"\bcall tool ([A-Za-z_][\w.-]*)(?:\s+(\{[^{}]*\}))?", re.IGNORECASE)
 
 
 class ScriptedOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,6 +71,15 @@ def _filler_arguments(spec: ToolSpec, step: int, loop: bool) -> dict[str, Any]:
     return arguments
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """The arguments written after "call tool NAME" ({} when none, or when they are not a JSON object)."""
+    try:
+        value = msgspec.json.decode(text) if text else {}
+    except msgspec.DecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def scripted_reply(
     model: str, messages: Sequence[Message], tools: Sequence[ToolSpec], options: ScriptedOptions
 ) -> Completion:
@@ -86,11 +96,11 @@ def scripted_reply(
 
     calls: list[tuple[str, dict[str, Any]]] = []
     if step == 0:
-        calls = [(name, {}) for name in _CALL_TOOL_RE.findall(text)]
+        calls = [(name, _json_object(arguments)) for name, arguments in _CALL_TOOL_RE.findall(text)]
         calls += [
             (t.name, _filler_arguments(t, step, options.loop))
             for t in work_tools
-            if _mentions(text, t.name) and t.name not in called
+            if _mentions(text, t.name) and t.name not in called and all(t.name != name for name, _ in calls)
         ]
         if _mentions(text, "transfer") or _mentions(text, "transferred"):
             # Named tools run beside the transfer, in the same step (parallel calls).

@@ -8,8 +8,11 @@ implement ``Store`` with the same semantics, checked by one test-suite run again
 Rules every backend keeps:
 
 - A user message is stored (``begin_turn``) before it is delivered to a child; a turn's results
-  are written by exactly one transaction (``commit_turn``) and nothing else is ever written for a
-  turn. A failure inside that transaction leaves nothing of it behind and the turn still pending.
+  are written by exactly one transaction (``commit_turn``). A failure inside that transaction
+  leaves nothing of it behind and the turn still pending.
+- While a turn is pending, its side-effecting tool calls are journaled (``journal_start`` before
+  a call runs, ``journal_finish`` with its result; RFC 0008 §5) so that a re-run never runs one
+  again. The transaction that ends the turn (commit or abandon) deletes its journal.
 - Entries are never deleted. A transfer that rewrites history marks the old entries inactive and
   inserts the new transcript; a session's transcript is its active entries in ``seq`` order.
   ``seq`` is per session, increasing, never reused.
@@ -32,7 +35,7 @@ from collections.abc import Sequence
 import msgspec
 
 from agentd.messages import Message, UserMessage
-from agentd.records import SessionState, StartedTurn, TurnRecord
+from agentd.records import JournalEntry, SessionState, StartedTurn, TurnRecord
 
 __all__ = [
     "CommittedTurn",
@@ -291,6 +294,31 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def pending_turn(self, session_id: str) -> StartedTurn | None:
         """The session's pending turn (with its user message), or None. UnknownSession if the session is unknown."""
+
+    # ------------------------------------------------------------------ the tool journal (RFC 0008 §5)
+
+    @abc.abstractmethod
+    async def journal_start(
+        self, session_id: str, turn_id: str, entry: JournalEntry, *, lease: Lease | None = None
+    ) -> None:
+        """Journal that a side-effecting call is about to run (``entry``'s result fields are ignored).
+
+        Durable when this returns: only then may the tool run. StoreError if the turn is not
+        pending or the turn already journaled ``entry.seq`` (a call is journaled once); fenced by
+        ``lease`` (LeaseLost), like a commit.
+        """
+
+    @abc.abstractmethod
+    async def journal_finish(
+        self, session_id: str, turn_id: str, seq: int, *, content: str, is_error: bool, lease: Lease | None = None
+    ) -> None:
+        """Journal the result of the call journaled as ``seq``. StoreError if there is no such started
+        call or the turn is not pending; fenced by ``lease``."""
+
+    @abc.abstractmethod
+    async def journal_entries(self, session_id: str, turn_id: str) -> list[JournalEntry]:
+        """The journaled calls of a turn in order (empty once the turn has ended: commit and abandon
+        delete them in the transaction that ends the turn)."""
 
     # ------------------------------------------------------------------ leases (RFC 0009 §3)
 

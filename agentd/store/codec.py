@@ -8,7 +8,7 @@ before they touch their database.
 from __future__ import annotations
 
 import math
-from typing import Final, get_args
+from typing import Any, Final, get_args
 
 import msgspec
 
@@ -41,6 +41,7 @@ _json_encoder = msgspec.json.Encoder()
 _message_decoder = msgspec.json.Decoder(Message)
 _discarded_decoder = msgspec.json.Decoder(tuple[Discarded, ...])
 _models_decoder = msgspec.json.Decoder(tuple[str, ...])
+_arguments_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
 def encode_message(message: Message) -> str:
@@ -60,6 +61,11 @@ def encode_json(value: object) -> str:
 
 def decode_models(text: str) -> tuple[str, ...]:
     return _models_decoder.decode(text)
+
+
+def decode_arguments(text: str) -> dict[str, Any]:
+    """A journaled tool call's arguments (a JSON object)."""
+    return _arguments_decoder.decode(text)
 
 
 def decode_discarded(text: str) -> tuple[Discarded, ...]:

@@ -20,6 +20,9 @@ Versions:
 3. Leases (RFC 0009 §3): ``owner`` (the replica id, NULL when nobody holds the session),
    ``lease_expires`` (epoch seconds) and ``fence`` (the fencing token of the latest claim, 0 before
    the first), and an index to renew a replica's leases.
+4. The tool journal (RFC 0008 §5): ``journal``, the side-effecting calls of pending turns — a row
+   written before the call runs (``finished_at`` NULL), completed with its result when it
+   returns, deleted by the transaction that ends the turn.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 __all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -82,6 +85,24 @@ SQLITE: dict[int, tuple[str, ...]] = {
         "ALTER TABLE sessions ADD COLUMN lease_expires REAL",
         "ALTER TABLE sessions ADD COLUMN fence INTEGER NOT NULL DEFAULT 0",
         "CREATE INDEX sessions_owner ON sessions (owner) WHERE owner IS NOT NULL",
+    ),
+    4: (
+        """
+        CREATE TABLE journal (
+            session      TEXT NOT NULL,
+            turn         TEXT NOT NULL,
+            seq          INTEGER NOT NULL CHECK (seq > 0),
+            call         TEXT NOT NULL,
+            tool         TEXT NOT NULL,
+            arguments    TEXT NOT NULL,
+            started_at   REAL NOT NULL,
+            finished_at  REAL,
+            content      TEXT,
+            is_error     INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1)),
+            PRIMARY KEY (session, turn, seq),
+            FOREIGN KEY (session, turn) REFERENCES turns (session, id)
+        )
+        """,
     ),
 }
 
@@ -139,5 +160,23 @@ POSTGRES: dict[int, tuple[str, ...]] = {
         "ALTER TABLE sessions ADD COLUMN lease_expires DOUBLE PRECISION",
         "ALTER TABLE sessions ADD COLUMN fence BIGINT NOT NULL DEFAULT 0",
         "CREATE INDEX sessions_owner ON sessions (owner) WHERE owner IS NOT NULL",
+    ),
+    4: (
+        """
+        CREATE TABLE journal (
+            session      TEXT NOT NULL,
+            turn         TEXT NOT NULL,
+            seq          BIGINT NOT NULL CHECK (seq > 0),
+            call         TEXT NOT NULL,
+            tool         TEXT NOT NULL,
+            arguments    TEXT NOT NULL,
+            started_at   DOUBLE PRECISION NOT NULL,
+            finished_at  DOUBLE PRECISION,
+            content      TEXT,
+            is_error     BOOLEAN NOT NULL DEFAULT FALSE,
+            PRIMARY KEY (session, turn, seq),
+            FOREIGN KEY (session, turn) REFERENCES turns (session, id)
+        )
+        """,
     ),
 }

@@ -39,7 +39,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import Message, UserMessage
 from agentd.obs import get_logger
-from agentd.records import PENDING, SessionState, StartedTurn, TurnRecord
+from agentd.records import PENDING, JournalEntry, SessionState, StartedTurn, TurnRecord
 from agentd.redact import redact_database_url
 from agentd.store import codec, migrations
 from agentd.store.base import (
@@ -421,6 +421,7 @@ class PostgresStore(Store):
                 " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = %s",
                 (assistant, record.ended_at, model, session_id),
             )
+            await _prune_journal(conn, session_id, record.id)
             stored = msgspec.structs.replace(record, status=status, started_at=turn["started_at"])
             return CommittedTurn(stored, tuple(seqs))
 
@@ -448,6 +449,7 @@ class PostgresStore(Store):
                 "UPDATE turns SET status = %s, error = %s, ended_at = %s WHERE n = %s",
                 (status, _text(error), ended_at, turn["n"]),
             )
+            await _prune_journal(conn, session_id, turn_id)
             await conn.execute(
                 "UPDATE sessions SET updated_at = %s, state = CASE state WHEN 'running' THEN 'idle' ELSE state END"
                 " WHERE id = %s",
@@ -464,6 +466,68 @@ class PostgresStore(Store):
             return None if row is None else _started_from_row(row)
 
         return await self._read(f"pending turn of session {session_id}", op)
+
+    # ------------------------------------------------------------------ the tool journal
+
+    async def journal_start(
+        self, session_id: str, turn_id: str, entry: JournalEntry, *, lease: Lease | None = None
+    ) -> None:
+        where = f"session {session_id} turn {turn_id} call {entry.seq}"
+        arguments = _text(codec.encode_json(entry.arguments))
+        now = time.time()
+
+        async def op(conn: Conn) -> None:
+            await _pending_turn_row(conn, session_id, turn_id, f"cannot journal {where}", lease)
+            inserted = await conn.execute(
+                "INSERT INTO journal (session, turn, seq, call, tool, arguments, started_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (session_id, turn_id, entry.seq, _text(entry.call), _text(entry.tool), arguments, now),
+            )
+            if inserted.rowcount != 1:
+                raise StoreError(f"cannot journal {where}: it is journaled already")
+
+        await self._write(f"journal {where}", op)
+
+    async def journal_finish(
+        self, session_id: str, turn_id: str, seq: int, *, content: str, is_error: bool, lease: Lease | None = None
+    ) -> None:
+        where = f"session {session_id} turn {turn_id} call {seq}"
+        now = time.time()
+
+        async def op(conn: Conn) -> None:
+            await _pending_turn_row(conn, session_id, turn_id, f"cannot journal the result of {where}", lease)
+            updated = await conn.execute(
+                "UPDATE journal SET finished_at = %s, content = %s, is_error = %s"
+                " WHERE session = %s AND turn = %s AND seq = %s AND finished_at IS NULL",
+                (now, _text(content), is_error, session_id, turn_id, seq),
+            )
+            if updated.rowcount != 1:
+                raise StoreError(f"cannot journal the result of {where}: no such call is waiting for its result")
+
+        await self._write(f"journal the result of {where}", op)
+
+    async def journal_entries(self, session_id: str, turn_id: str) -> list[JournalEntry]:
+        async def op(conn: Conn) -> list[JournalEntry]:
+            rows = await _fetchall(
+                conn,
+                "SELECT seq, call, tool, arguments, finished_at, content, is_error FROM journal"
+                " WHERE session = %s AND turn = %s ORDER BY seq",
+                (session_id, turn_id),
+            )
+            return [
+                JournalEntry(
+                    seq=row["seq"],
+                    call=row["call"],
+                    tool=row["tool"],
+                    arguments=codec.decode_arguments(row["arguments"]),
+                    finished=row["finished_at"] is not None,
+                    content=row["content"] or "",
+                    is_error=bool(row["is_error"]),
+                )
+                for row in rows
+            ]
+
+        return await self._read(f"read the journal of session {session_id} turn {turn_id}", op)
 
     # ------------------------------------------------------------------ leases
 
@@ -794,6 +858,11 @@ async def _session_row(conn: Conn, session_id: str, *, lock: bool = False) -> Ro
 
 async def _turn_row(conn: Conn, session_id: str, turn_id: str) -> Row | None:
     return await _fetchone(conn, f"{_TURN_SELECT} WHERE t.session = %s AND t.id = %s", (session_id, turn_id))
+
+
+async def _prune_journal(conn: Conn, session_id: str, turn_id: str) -> None:
+    """Delete a turn's journal: it ended, so nothing will run it again. Inside the ending transaction."""
+    await conn.execute("DELETE FROM journal WHERE session = %s AND turn = %s", (session_id, turn_id))
 
 
 async def _pending_turn_row(conn: Conn, session_id: str, turn_id: str, refusal: str, lease: Lease | None) -> Row:

@@ -35,7 +35,7 @@ import msgspec
 
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import Message, UserMessage
-from agentd.records import PENDING, SessionState, StartedTurn, TurnRecord
+from agentd.records import PENDING, JournalEntry, SessionState, StartedTurn, TurnRecord
 from agentd.store import codec, migrations
 from agentd.store.base import (
     CommittedTurn,
@@ -340,6 +340,7 @@ class SqliteStore(Store):
                 " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = ?",
                 (assistant, record.ended_at, model, session_id),
             )
+            _prune_journal(conn, session_id, record.id)
             stored = msgspec.structs.replace(record, status=status, started_at=turn["started_at"])
             return CommittedTurn(stored, tuple(seqs))
 
@@ -366,6 +367,7 @@ class SqliteStore(Store):
             conn.execute(
                 "UPDATE turns SET status = ?, error = ?, ended_at = ? WHERE n = ?", (status, error, ended_at, turn["n"])
             )
+            _prune_journal(conn, session_id, turn_id)
             conn.execute(
                 "UPDATE sessions SET updated_at = ?, state = CASE state WHEN 'running' THEN 'idle' ELSE state END"
                 " WHERE id = ?",
@@ -384,6 +386,68 @@ class SqliteStore(Store):
             return None if row is None else _started_from_row(conn, row)
 
         return await self._read(f"pending turn of session {session_id}", op)
+
+    # ------------------------------------------------------------------ the tool journal
+
+    async def journal_start(
+        self, session_id: str, turn_id: str, entry: JournalEntry, *, lease: Lease | None = None
+    ) -> None:
+        where = f"session {session_id} turn {turn_id} call {entry.seq}"
+        arguments = codec.encode_json(entry.arguments)
+        now = time.time()
+
+        def op(conn: sqlite3.Connection) -> None:
+            _pending_turn_row(conn, session_id, turn_id, f"cannot journal {where}", lease)
+            try:
+                conn.execute(
+                    "INSERT INTO journal (session, turn, seq, call, tool, arguments, started_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (session_id, turn_id, entry.seq, entry.call, entry.tool, arguments, now),
+                )
+            except sqlite3.IntegrityError:
+                raise StoreError(f"cannot journal {where}: it is journaled already") from None
+
+        await self._write(f"journal {where}", op)
+
+    async def journal_finish(
+        self, session_id: str, turn_id: str, seq: int, *, content: str, is_error: bool, lease: Lease | None = None
+    ) -> None:
+        where = f"session {session_id} turn {turn_id} call {seq}"
+        now = time.time()
+
+        def op(conn: sqlite3.Connection) -> None:
+            _pending_turn_row(conn, session_id, turn_id, f"cannot journal the result of {where}", lease)
+            updated = conn.execute(
+                "UPDATE journal SET finished_at = ?, content = ?, is_error = ?"
+                " WHERE session = ? AND turn = ? AND seq = ? AND finished_at IS NULL",
+                (now, content, int(is_error), session_id, turn_id, seq),
+            ).rowcount
+            if updated != 1:
+                raise StoreError(f"cannot journal the result of {where}: no such call is waiting for its result")
+
+        await self._write(f"journal the result of {where}", op)
+
+    async def journal_entries(self, session_id: str, turn_id: str) -> list[JournalEntry]:
+        def op(conn: sqlite3.Connection) -> list[JournalEntry]:
+            rows = conn.execute(
+                "SELECT seq, call, tool, arguments, finished_at, content, is_error FROM journal"
+                " WHERE session = ? AND turn = ? ORDER BY seq",
+                (session_id, turn_id),
+            ).fetchall()
+            return [
+                JournalEntry(
+                    seq=row["seq"],
+                    call=row["call"],
+                    tool=row["tool"],
+                    arguments=codec.decode_arguments(row["arguments"]),
+                    finished=row["finished_at"] is not None,
+                    content=row["content"] or "",
+                    is_error=bool(row["is_error"]),
+                )
+                for row in rows
+            ]
+
+        return await self._read(f"read the journal of session {session_id} turn {turn_id}", op)
 
     # ------------------------------------------------------------------ leases
 
@@ -732,6 +796,11 @@ def _pending_turn_row(
     if turn["status"] != PENDING:
         raise StoreError(f"{refusal}: the turn is not pending (status {turn['status']})")
     return turn
+
+
+def _prune_journal(conn: sqlite3.Connection, session_id: str, turn_id: str) -> None:
+    """Delete a turn's journal: it ended, so nothing will run it again. Inside the ending transaction."""
+    conn.execute("DELETE FROM journal WHERE session = ? AND turn = ?", (session_id, turn_id))
 
 
 def _check_fence(session: sqlite3.Row, lease: Lease | None, refusal: str) -> None:

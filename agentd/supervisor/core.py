@@ -32,7 +32,7 @@ from agentd.config import (
     quickstart_config,
     resolve_swap_policy,
 )
-from agentd.environment import child_environment, passed_through
+from agentd.environment import child_environment, mcp_secrets, passed_through
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
 from agentd.protocol import Cancel, ChildEnv, Spawn, SwapIntel, Watch
@@ -221,7 +221,13 @@ class Supervisor:
 
     def spawn_frame(self, child_id: str) -> Spawn:
         """The Spawn for a new child: always the newest generation."""
-        return Spawn(child_id=child_id, generation=self.generation, policy=self.policy.policy, config=self.config)
+        return Spawn(
+            child_id=child_id,
+            generation=self.generation,
+            policy=self.policy.policy,
+            config=self.config,
+            secrets=ChildEnv(values=mcp_secrets(os.environ, self.config)),
+        )
 
     def swap_frame(self) -> SwapIntel:
         """The SwapIntel describing the running generation (its whole config included)."""
@@ -232,6 +238,7 @@ class Supervisor:
             limits=self.config.limits,
             config=self.config,
             env=ChildEnv(values=passed_through(os.environ, self.config)),
+            secrets=ChildEnv(values=mcp_secrets(os.environ, self.config)),
         )
 
     def model_of(self, assistant: str, fallback: str) -> str:

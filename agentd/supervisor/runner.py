@@ -7,6 +7,9 @@ cancel, close, failure), which is recorded as such. A child that dies takes its 
 with it; each re-runs on another child from the committed transcript, unless the blame rules or
 the deadline say otherwise (``agentd.supervisor.blame``). The runner is also the pool's owner:
 frames from children come here, routed by session id. See RFC 0006.
+
+It also keeps the tool journal (RFC 0008 §5): a child's ``JournalStart``/``JournalFinish`` is
+written to the store and acknowledged, and every run of a turn is sent what earlier runs journaled.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from agentd.protocol import (
     Failed,
     Frame,
     Input,
+    JournalAck,
+    JournalFinish,
+    JournalStart,
     Open,
     ProtocolError,
     SwapApplied,
@@ -38,7 +44,7 @@ from agentd.protocol import (
     TurnDiscarded,
     TurnDone,
 )
-from agentd.records import TurnRecord
+from agentd.records import JournalEntry, TurnRecord
 from agentd.store import CommittedTurn, Store, StoreError, StoreUnavailable
 from agentd.supervisor.blame import CrashVerdict, blame, quarantined, rerun_allowed
 from agentd.supervisor.child import Child
@@ -183,12 +189,16 @@ class TurnRunner:
             if turn.runs > 1:
                 self.metrics.turn_reruns.inc()
                 log.info("turn.rerun", session=runtime.id, turn=turn.id, child=child.id, run=turn.runs)
+            journal = await self._journal_for(runtime, turn)
+            if journal is None:
+                return
             frame = Input(
                 session=runtime.id,
                 turn=turn.id,
                 message=turn.message,
                 started_at=turn.budget_start,
                 watched=runtime.watched,
+                journal=journal,
             )
             await child.send(frame)
             while not (turn.done.is_set() or turn.lost.is_set()):
@@ -206,6 +216,42 @@ class TurnRunner:
             if turn.child is child:
                 turn.child = None
             self._changed()
+
+    async def _journal_for(self, runtime: SessionRuntime, turn: PendingTurn) -> list[JournalEntry] | None:
+        """What earlier runs of the turn journaled, once every journal write of theirs has landed.
+
+        A child that died may have sent journal frames still being written; the re-run must see
+        them. None when the journal cannot be read: the turn ends failed rather than risk running
+        a side-effecting call twice.
+        """
+        await turn.journal_quiet()
+        try:
+            return await self.store.journal_entries(runtime.id, turn.id)
+        except StoreError as exc:
+            await self.end_without_result(runtime, turn, TurnStatus.FAILED, f"cannot read the tool journal: {exc}")
+            return None
+
+    async def _on_journal(self, runtime: SessionRuntime, child: Child, frame: JournalStart | JournalFinish) -> None:
+        """Write a journal frame and ack it. The ack is what lets the child run (or go on past) the call."""
+        finished = isinstance(frame, JournalFinish)
+        entry = frame.entry
+        pending = runtime.pending
+        error: str | None = None
+        if pending is None or pending.id != frame.turn or pending.child is not child:
+            error = f"turn {frame.turn} is not running on this child"
+        else:
+            try:
+                if finished:
+                    await self.store.journal_finish(
+                        runtime.id, frame.turn, entry.seq, content=entry.content, is_error=entry.is_error
+                    )
+                else:
+                    await self.store.journal_start(runtime.id, frame.turn, entry)
+            except StoreError as exc:
+                error = str(exc)
+        if error is not None:
+            log.error("tool.journal_refused", session=runtime.id, turn=frame.turn, seq=entry.seq, error=error)
+        await child.send(JournalAck(session=runtime.id, turn=frame.turn, seq=entry.seq, finished=finished, error=error))
 
     async def _open(self, runtime: SessionRuntime, child: Child, turn: PendingTurn) -> bool:
         """Load the session on ``child`` from its committed transcript (the turn's own input left out)."""
@@ -324,6 +370,14 @@ class TurnRunner:
                 )
                 if runtime.pending is not None and runtime.pending.id == turn:
                     runtime.pending.budget_start = time.time()  # restart-turn re-runs with a fresh budget
+            case JournalStart() | JournalFinish():
+                assert self._tg is not None
+                # Written in a task of its own (the child's other frames keep flowing), counted on the
+                # turn so that a re-run reads the journal only after the write has landed.
+                pending = runtime.pending
+                if pending is not None:
+                    pending.journal_writes += 1
+                self._tg.start_soon(self._journal_counted, runtime, child, frame, pending)
             case SwapApplied():
                 # Kept in memory only: a reload must not cost a store write per loaded session. The
                 # row catches up when the session is next loaded or its turn commits, and a session
@@ -337,6 +391,16 @@ class TurnRunner:
                     await self.end_without_result(runtime, pending, TurnStatus.FAILED, error)
             case _:
                 raise ProtocolError(f"unexpected frame {type(frame).__name__!r} from child")
+
+    async def _journal_counted(
+        self, runtime: SessionRuntime, child: Child, frame: JournalStart | JournalFinish, pending: PendingTurn | None
+    ) -> None:
+        try:
+            with anyio.CancelScope(shield=True):  # an acked write must land whatever else happens
+                await self._on_journal(runtime, child, frame)
+        finally:
+            if pending is not None:
+                pending.journal_landed()
 
     async def _on_turn_done_in_order(self, runtime: SessionRuntime, child: Child, done: TurnDone) -> None:
         try:

@@ -53,10 +53,25 @@ class PendingTurn:
 
     # Set when the current run settles: the turn ended, or its child was lost (one wait for both).
     settled: anyio.Event = field(default_factory=anyio.Event)
+    # Journal frames of this turn being written (RFC 0008 §5); a re-run waits until none is.
+    journal_writes: int = 0
+    _journal_quiet: anyio.Event = field(default_factory=anyio.Event)
 
     def __post_init__(self) -> None:
         if not self.budget_start:
             self.budget_start = self.started_at
+
+    def journal_landed(self) -> None:
+        """One journal write of this turn finished (written or refused)."""
+        self.journal_writes -= 1
+        if self.journal_writes == 0:
+            self._journal_quiet.set()
+            self._journal_quiet = anyio.Event()
+
+    async def journal_quiet(self) -> None:
+        """Wait until no journal write of this turn is in flight."""
+        while self.journal_writes:
+            await self._journal_quiet.wait()
 
     def mark_done(self) -> None:
         """The turn has its answer (a result, or a reason it has none): its waiters go on."""
