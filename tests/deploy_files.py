@@ -7,7 +7,6 @@ files against a real daemon). Nothing here decides whether a file is right; the 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +146,4 @@ def value(unit: dict[str, list[tuple[str, str]]], section: str, key: str) -> str
 def timespan_seconds(text: str) -> float:
     """A systemd time span (``30``, ``30s``, ``1min 30s``, ``500ms``) in seconds."""
     units = {"": 1.0, "s": 1.0, "sec": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
-    total = 0.0
-    parts: Iterator[re.Match[str]] = re.finditer(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text)
-    for part in parts:
-        total += float(part.group(1)) * units[part.group(2)]
-    return total
+    return sum(float(n) * units[unit] for n, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text))

@@ -86,7 +86,7 @@ def test_the_kustomization_lists_every_manifest_and_the_config() -> None:
     kust = kustomization()
     on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kust["resources"]) == on_disk, "every manifest in deploy/kubernetes is applied, and only those"
-    ((generator),) = kust["configMapGenerator"]
+    (generator,) = kust["configMapGenerator"]
     assert generator["files"] == ["agentd.toml"]
     # A hashed name would turn every config change into a rollout instead of a hot reload.
     assert generator["options"]["disableNameSuffixHash"] is True
@@ -289,7 +289,7 @@ def test_secrets_come_only_from_the_documented_secrets() -> None:
 
 
 def test_no_token_or_password_is_written_in_deploy() -> None:
-    for path in sorted((K8S.parent).rglob("*")):
+    for path in sorted(K8S.parent.rglob("*")):
         if not path.is_file():
             continue
         text = path.read_text()
