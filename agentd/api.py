@@ -115,10 +115,12 @@ def build_app(supervisor: Supervisor) -> Starlette:
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def ready(_: Request) -> Response:
+    async def ready(request: Request) -> Response:
         reasons = supervisor.ready()
         if reasons:
-            return JSONResponse({"ready": False, "reasons": reasons}, status_code=503)
+            # A probe without the token learns ready or not, never why (names, store errors).
+            shown = {"ready": False} if request.scope.get(ANONYMOUS_PROBE) else {"ready": False, "reasons": reasons}
+            return JSONResponse(shown, status_code=503)
         return JSONResponse({"ready": True})
 
     async def status(_: Request) -> Response:
@@ -210,8 +212,16 @@ def build_app(supervisor: Supervisor) -> Starlette:
     return Starlette(routes=routes, exception_handlers={ApiError: on_api_error, HTTPException: on_http_error})
 
 
+#: Probes answered on TCP without a token: an orchestrator's HTTP probe cannot read a Secret.
+PROBE_PATHS: frozenset[str] = frozenset({"/v1/health", "/v1/ready"})
+#: Set in the ASGI scope of such a probe: ``/v1/ready`` then leaves out its reasons.
+ANONYMOUS_PROBE = "agentd.anonymous_probe"
+
+
 class BearerAuth:
-    """ASGI middleware: every request must carry ``Authorization: Bearer <token>``, else 401.
+    """ASGI middleware: every request must carry ``Authorization: Bearer <token>``, else 401 —
+    except a ``GET`` of ``/v1/health`` or ``/v1/ready`` (``PROBE_PATHS``), answered without one,
+    readiness then without its reasons.
 
     The scheme name is case-insensitive (``bearer``, ``BEARER``: HTTP auth schemes are), and
     spaces around the token are not part of it; the token itself is compared exactly, in
@@ -230,6 +240,9 @@ class BearerAuth:
         if scope["type"] == "http":
             presented = dict(scope["headers"]).get(b"authorization", b"")
             if not self._authorized(presented):
+                if scope["method"] == "GET" and scope["path"] in PROBE_PATHS:
+                    await self.app({**scope, ANONYMOUS_PROBE: True}, receive, send)
+                    return
                 response = error_response(401, "unauthorized", "missing or wrong bearer token")
                 response.headers["WWW-Authenticate"] = "Bearer"
                 await response(scope, receive, send)

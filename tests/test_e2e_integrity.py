@@ -360,3 +360,28 @@ def test_a_module_in_the_working_directory_cannot_shadow_one_in_children(tmp_pat
         assert "json.py from the working directory" not in daemon.log_text()
     finally:
         daemon.stop()
+
+
+def test_probes_answer_on_tcp_without_the_token_and_readiness_keeps_its_reasons_private(tmp_path: Path) -> None:
+    """An orchestrator's HTTP probe cannot send a Secret: /v1/health and /v1/ready answer without
+    the token; every other route still needs it, and readiness tells only an authorised caller why."""
+    port = free_port()
+    token = "probe-t0ken"
+    with running_daemon(tmp_path, BASE, args=["--listen", f"127.0.0.1:{port}"], env={"AGENTD_API_TOKEN": token}) as d:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as tcp:
+
+            def answered() -> httpx.Response | None:
+                try:
+                    return tcp.get("/v1/health")
+                except httpx.TransportError:
+                    return None
+
+            assert wait_until(answered, "the TCP listener to answer").json() == {"status": "ok"}
+            assert tcp.get("/v1/ready").json() == {"ready": True}
+            assert tcp.get("/v1/status").status_code == 401
+            assert tcp.post("/v1/ready").status_code == 401  # only GET is a probe
+            d.signal(signal.SIGTERM)  # draining: not ready
+            anonymous = wait_until(lambda: (r := tcp.get("/v1/ready")).status_code == 503 and r, "draining")
+            assert anonymous.json() == {"ready": False}
+            authorised = tcp.get("/v1/ready", headers={"Authorization": f"Bearer {token}"})
+            assert authorised.status_code == 503 and "draining" in authorised.json()["reasons"]
