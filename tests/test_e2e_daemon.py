@@ -452,3 +452,24 @@ def test_a_waiting_client_whose_turn_is_cut_by_shutdown_gets_503_naming_the_turn
     with running_daemon(tmp_path, text) as second:  # it re-runs at the next start, once
         assert second.turn(session, turn_id)["status"] == "completed"
         assert [e["content"] for e in user_entries(second, session, turn_id)] == ["cut"]
+
+
+def test_a_close_the_store_cannot_write_leaves_the_session_open_and_usable(tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    hold.touch()
+    with running_daemon(tmp_path, config(hold)) as daemon:
+        session = daemon.new_session("held")
+        assert daemon.send(session, "before")["turn"]["status"] == "completed"
+        blocker = sqlite3.connect(daemon.state_dir / "agentd.db", isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")  # the daemon's writes fail (busy) until released
+        try:
+            refused = daemon.api("DELETE", f"/v1/sessions/{session}")
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert refused.status_code in (503, 507), refused.text
+        assert "was not closed" in refused.json()["error"]["message"]
+        assert daemon.session(session)["state"] == "idle"
+        assert daemon.send(session, "after")["turn"]["status"] == "completed"
+        assert daemon.api("DELETE", f"/v1/sessions/{session}").status_code == 200
+        assert daemon.session(session)["state"] == "closed"

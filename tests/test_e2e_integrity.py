@@ -32,6 +32,7 @@ from tests.daemon_harness import (
     agentd_env,
     child_pids_of,
     free_port,
+    passing_test_env,
     running_daemon,
     wait_until,
 )
@@ -135,6 +136,26 @@ def test_start_up_refuses_an_empty_config_file(tmp_path: Path) -> None:
     started = run_agentd(tmp_path, "run", "--config", str(config), "--state-dir", str(tmp_path / "state"))
     assert started.returncode == 2, started.stderr
     assert "assistants: the config defines no assistants" in started.stderr
+
+
+def test_start_up_refuses_a_config_edited_while_stopped_to_drop_an_assistant_sessions_are_on(
+    tmp_path: Path,
+) -> None:
+    """The reload rule holds at start-up: removing an assistant that open sessions are on is refused
+    (exit 2, naming it and the count); the old file starts again and the session is usable."""
+    two = BASE + '\n[[assistants]]\nname = "billing"\nfirst_message_mode = "assistant-waits-for-user"\n'
+    with running_daemon(tmp_path, two) as daemon:
+        session = daemon.new_session("billing")
+        assert daemon.send(session, "hi")["turn"]["status"] == "completed"
+    (tmp_path / "agentd.toml").write_text(passing_test_env(BASE))
+    started = run_agentd(
+        tmp_path, "run", "--config", str(tmp_path / "agentd.toml"), "--state-dir", str(tmp_path / "state")
+    )
+    assert started.returncode == 2, started.stderr
+    assert "assistant 'billing' was removed but 1 open session(s) are on it" in started.stderr
+    assert "Traceback" not in started.stderr
+    with running_daemon(tmp_path, two) as daemon:
+        assert daemon.send(session, "again")["turn"]["status"] == "completed"
 
 
 # --------------------------------------------------------------------------- 2. one endpoint failing half the time

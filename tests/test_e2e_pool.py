@@ -317,3 +317,25 @@ def test_a_stopped_child_cannot_hold_up_a_reload_that_sends_it_a_large_frame(tmp
                 os.kill(pid, signal.SIGCONT)
         reply = daemon.send(session, "again")
         assert reply["turn"]["status"] == "completed" and reply["turn"]["models"] == ["a-new"]
+
+
+def test_a_turn_that_no_child_can_take_ends_at_its_deadline_and_readiness_says_why(tmp_path: Path) -> None:
+    """Children that cannot start (here: a spawn timeout no child can meet) never strand a turn:
+    it ends ``deadline`` and /v1/ready names the cause; a reload that fixes it makes turns work."""
+    broken = 'spawn_timeout = "10ms"\nchildren = 1\nspare_children = 0'
+    text = pool_config(tmp_path, supervisor=broken, more='[limits]\ndeadline = "3s"\n')
+    (tmp_path / "hold-a").touch()
+    with running_daemon(tmp_path, text) as daemon:
+        session = daemon.new_session("a")
+        turn = daemon.send(session, "hello")["turn"]
+        assert turn["status"] == "deadline" and "no child could take the turn" in turn["error"], turn
+        ready = wait_until(lambda: (r := daemon.api("GET", "/v1/ready")).status_code == 503 and r, "not ready")
+        assert any("no child can start" in reason for reason in ready.json()["reasons"]), ready.json()
+        assert daemon.session(session)["state"] == "idle"
+        daemon.write_config(pool_config(tmp_path, supervisor="children = 1", more='[limits]\ndeadline = "3s"\n'))
+        assert daemon.json("POST", "/v1/reload", status=200)["applied"]
+        after = wait_until(
+            lambda: (t := daemon.send(session, "again")["turn"])["status"] == "completed" and t, "a turn"
+        )
+        assert after["status"] == "completed"
+        wait_until(lambda: daemon.api("GET", "/v1/ready").status_code == 200, "ready again")

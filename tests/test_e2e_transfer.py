@@ -142,3 +142,25 @@ first_message_mode = "{mode}"
             assert [t["status"] for t in created["turns"]] == ["completed"]
         reply = daemon.send(created["id"], "hello")
         assert reply["messages"][-1]["content"] == "[solo-model] You said: hello"
+
+
+def test_a_reload_keeps_an_assistant_that_a_turn_in_flight_may_transfer_to(tmp_path: Path) -> None:
+    """The supervisor learns of a transfer when the turn commits, so while a turn runs, every
+    destination of its assistant must stay (RFC 0003 §4); once it ended, the removal applies."""
+    gate = tmp_path / "triage.gate"
+    held = squad("rolling-history").replace(
+        'model = "triage-small"', f'model = "triage-small"\noptions = {{ hold_file = "{gate}" }}'
+    )
+    alone = held.split("[[assistants.transfers]]")[0]
+    with running_daemon(tmp_path, held) as daemon:
+        session = daemon.new_session("triage")
+        events = daemon.events(session)
+        turn_id = daemon.send(session, "hello", wait=False)["turn_id"]
+        events.wait("step.started", lambda d: d["turn"] == turn_id)
+        daemon.write_config(alone)
+        refused = daemon.json("POST", "/v1/reload", status=422)
+        assert refused["generation"] == 1
+        assert any("may transfer to it" in e["message"] and "'billing'" in e["message"] for e in refused["errors"])
+        gate.touch()
+        events.wait("turn.done", lambda d: d["turn"] == turn_id)
+        assert daemon.json("POST", "/v1/reload", status=200)["generation"] == 2

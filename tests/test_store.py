@@ -1110,3 +1110,13 @@ async def test_journal_survives_reopening(db_path: Path) -> None:
         assert await again.journal_entries("s1", "t1") == [journal_entry(1)]
     finally:
         await again.close()
+
+
+async def test_a_sqlite_file_that_claims_a_schema_without_its_tables_is_refused(db_path: Path) -> None:
+    conn = sqlite3.connect(db_path)
+    conn.execute(f"PRAGMA user_version = {migrations.SCHEMA_VERSION}")
+    conn.execute("CREATE TABLE other (x)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match=r"cannot open the store .*: it says schema version \d but has no table"):
+        await SqliteStore.open(db_path)

@@ -624,6 +624,7 @@ def _connect(path: Path) -> sqlite3.Connection:
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
             _migrate(conn, path)
+            _check_tables(conn)
         except BaseException:
             conn.close()
             raise
@@ -669,6 +670,19 @@ def _check_store_file(path: Path) -> None:
             "the store's data was lost or moved; restore the database file, or move "
             f"{path.name}, {path.name}-wal and {path.name}-shm away to start an empty store"
         )
+
+
+#: The tables every schema version from 4 on has: a database claiming the version without them was
+#: not written by agentd (or was damaged), and every call would fail on it.
+_TABLES = frozenset({"sessions", "entries", "turns", "journal"})
+
+
+def _check_tables(conn: sqlite3.Connection) -> None:
+    present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    missing = sorted(_TABLES - present)
+    if missing:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        raise StoreError(f"it says schema version {version} but has no table {', '.join(missing)}")
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:

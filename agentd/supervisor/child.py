@@ -205,6 +205,7 @@ class Child:
         self.ready = anyio.Event()
         self.gone = anyio.Event()
         self.exit_code: int | None = None
+        self.start_error: str | None = None  # why it never became Ready, if it did not
         self._pong = anyio.Event()
         self._stopping: float | None = None  # the grace of a requested stop
         self.send_timeout = 10.0  # how long a frame may wait to be taken (the running ping_timeout)
@@ -241,6 +242,7 @@ class Child:
             self.process = await ChildProcess.start(self.id, env=env)
         except OSError as exc:
             log.error("child.start_failed", child=self.id, error=str(exc))
+            self.start_error = str(exc)
             self.gone.set()
             return
         process = self.process
@@ -269,6 +271,7 @@ class Child:
             await process.handshake(frame, limit)
         except (SpawnError, *_GONE) as exc:
             log.error("child.spawn_failed", child=self.id, pid=process.pid, error=str(exc))
+            self.start_error = str(exc)
             return False
         self.generation = frame.generation
         return True

@@ -285,7 +285,7 @@ class Supervisor:
                 events.LOG_CONFIG_RELOAD, applied=False, generation=self.generation, errors=[str(i) for i in exc.issues]
             )
             return result
-        orphaned = await self._orphaned_sessions(new)
+        orphaned = await self.orphaned_sessions(new)
         if orphaned:
             self.metrics.reloads.labels(result="rejected").inc()
             log.warning(
@@ -336,7 +336,7 @@ class Supervisor:
         )
         return result
 
-    async def _orphaned_sessions(self, new: Config) -> list[ConfigIssue]:
+    async def orphaned_sessions(self, new: Config) -> list[ConfigIssue]:
         """A new config must keep every assistant an open session is on (closing them is the operator's call)."""
         names = {a.name for a in new.assistants}
         on = {
@@ -345,13 +345,35 @@ class Supervisor:
         for runtime in self.sessions.values():  # a transfer in flight may have moved a session already
             if runtime.assistant not in names and not runtime.closing:
                 on.setdefault(runtime.assistant, 1)
-        return [
+        issues = [
             ConfigIssue(
                 "assistants",
                 f"assistant {name!r} was removed but {count} open session(s) are on it; keep it until they are closed",
             )
             for name, count in sorted(on.items())
         ]
+        # A turn in flight may transfer its session to any destination of its assistant: the
+        # supervisor learns of a transfer only when the turn commits, so those must stay too.
+        targets: dict[str, str] = {}
+        for runtime in self.sessions.values():
+            if runtime.pending is None or runtime.closing:
+                continue
+            try:
+                transfers = self.config.assistant(runtime.assistant).transfers
+            except KeyError:
+                continue
+            for transfer in transfers:
+                if transfer.to not in names and transfer.to not in on:
+                    targets.setdefault(transfer.to, runtime.id)
+        issues += [
+            ConfigIssue(
+                "assistants",
+                f"assistant {name!r} was removed but a turn in flight on session {session} may transfer to it; "
+                "reload again once it has ended",
+            )
+            for name, session in sorted(targets.items())
+        ]
+        return issues
 
     def _swap_unloaded(self, old_intelligence: dict[str, Intelligence]) -> None:
         """Hot sessions that are not loaded (watched, or waiting for a child) take the swap now.
@@ -474,6 +496,8 @@ class Supervisor:
         reasons = ["draining"] if self.draining else []
         if self.store.failure is not None:
             reasons.append(f"store unavailable: {self.store.failure}")
+        if self.pool.start_failure is not None:
+            reasons.append(f"no child can start: {self.pool.start_failure}")
         down = sorted({r.assistant for r in self.sessions.values() if r.intel_waiting})
         reasons += [f"all endpoints down for assistant {name!r}" for name in down]
         return reasons
@@ -641,7 +665,8 @@ class Supervisor:
 
     def _turn_result(self, turn: PendingTurn) -> MessageResult:
         if turn.record is None:  # stopped without ending: the daemon is shutting down
-            raise ApiError(503, turn.cut_code, f"turn {turn.id}: {turn.cut or 'not finished'}", turn=turn.id)
+            status = 507 if turn.cut_code == "store_full" else 503
+            raise ApiError(status, turn.cut_code, f"turn {turn.id}: {turn.cut or 'not finished'}", turn=turn.id)
         # The record as stored, so this answer and GET /v1/sessions show the same turn (same started_at).
         return MessageResult(turn=turn_view(turn.record), messages=turn.entries)
 
@@ -677,9 +702,18 @@ class Supervisor:
             await self.runner.end_without_result(
                 runtime, runtime.pending, TurnStatus.CANCELLED, "the session was closed"
             )
-        runtime.state = "closed"
         runtime.child = None
-        await self._store_or_503(self.store.update_session(session_id, state="closed"))
+        try:
+            await self.store.update_session(session_id, state="closed")
+        except StoreError as exc:  # not closed: the session stays open and usable (its turn was cancelled)
+            runtime.closing = False
+            if runtime.state != "failed":
+                runtime.state = "idle"
+            error = _store_error(exc)
+            raise ApiError(
+                error.status, error.code, f"session {session_id} was not closed (the store failed): {exc}"
+            ) from None
+        runtime.state = "closed"
         runtime.close_subscribers()
         self.sessions.pop(session_id, None)
         log.info("session.closed", session=session_id)

@@ -228,6 +228,16 @@ async def _serve(
     except StoreError as exc:  # "cannot open the store <where>: <reason>": the operator's to fix, no traceback
         return _fail(str(exc), EXIT_RUNTIME)
     supervisor = Supervisor(options, config, policy, store)
+    # The file may have been edited while the daemon was stopped: the reload rule holds at start too.
+    try:
+        orphaned = await supervisor.orphaned_sessions(config)
+    except StoreError as exc:
+        await store.close()
+        return _fail(str(exc), EXIT_RUNTIME)
+    if orphaned:
+        await store.close()
+        lines = "\n".join(f"  {issue}" for issue in orphaned)
+        return _fail(f"invalid config ({options.config_path or 'config'}):\n{lines}", EXIT_CONFIG)
     socket_path = state_dir / SOCKET_FILE
     unix_sock = bind_unix_socket(socket_path)
     servers: list[tuple[_ApiServer, socket.socket]] = [(_server(build_app(supervisor)), unix_sock)]

@@ -39,6 +39,8 @@ __all__ = ["Pool", "PoolOwner", "first_of", "pool_size"]
 log = get_logger("supervisor")
 
 SPAWN_BACKOFF_START = 0.5
+#: Children failing to start in a row before readiness says so (one may fail for a passing reason).
+START_FAILURES_UNREADY = 3
 SPAWN_BACKOFF_MAX = 30.0
 IDLE_CHECK_MAX = 30.0
 
@@ -92,6 +94,7 @@ class Pool:
         self._changed = anyio.Event()  # wakes the maintenance loop
         self._room = anyio.Event()  # wakes placements waiting for room
         self._spawn_failures = 0
+        self._start_error: str | None = None  # the last child's reason for not becoming Ready
         self._stopping = False
         self._next_idle_scan = 0.0
 
@@ -228,6 +231,7 @@ class Pool:
         crashed = child.ready.is_set() and child._stopping is None and not self._stopping
         if not child.ready.is_set():
             self._spawn_failures += 1
+            self._start_error = child.start_error or f"it exited with status {child.exit_code}"
         elif crashed:  # counted by the owner (agentd_child_crashes_total); the replacement carries it
             self._replacing.append(child.restarts + 1)
         loaded, in_flight = set(child.loaded), set(child.in_flight)
@@ -235,6 +239,13 @@ class Pool:
         child.in_flight.clear()
         self.changed()
         await self._owner.child_lost(child, loaded, in_flight, crashed=crashed)
+
+    @property
+    def start_failure(self) -> str | None:
+        """Why children cannot start, once several in a row have failed to (for readiness); else None."""
+        if self._spawn_failures < START_FAILURES_UNREADY:
+            return None
+        return f"{self._spawn_failures} children in a row failed to start; the last: {self._start_error}"
 
     async def _spawn_backoff(self) -> None:
         """Children that keep failing to start are retried with backoff (0.5 s doubling to 30 s)."""

@@ -143,7 +143,22 @@ class TurnRunner:
                 )
                 return
             runtime.quarantined = quarantined(runtime.crashes, time.monotonic())
-            child = await self.pool.acquire(runtime.id, quarantined=runtime.quarantined)
+            # Waiting for a child counts against the deadline: a pool that cannot start one (a
+            # tool that does not import, a spawn timeout too short) ends the turn, never strands it.
+            waited_out = turn.budget_start + self.running.config.limits.deadline + DEADLINE_GRACE - time.time()
+            child = None
+            with anyio.move_on_after(max(0.0, waited_out)) as waiting:
+                child = await self.pool.acquire(runtime.id, quarantined=runtime.quarantined)
+            if waiting.cancelled_caught:
+                reserved = self.pool.where(runtime.id)  # a place reserved on a child still starting
+                if reserved is not None and runtime.child is not reserved:
+                    reserved.loaded.discard(runtime.id)
+                    self._changed()
+                reason = self.pool.start_failure or "no child was free"
+                await self.end_without_result(
+                    runtime, turn, TurnStatus.DEADLINE, f"no child could take the turn by its deadline ({reason})"
+                )
+                return
             if child is None:  # the daemon is stopping: the turn stays stored and re-runs at the next start
                 if not turn.done.is_set():
                     turn.cut = SHUTDOWN_CUT
@@ -316,6 +331,8 @@ class TurnRunner:
         await self._store_quietly(self.store.update_session(runtime.id, state="failed"), runtime.id)
 
     def _finish(self, runtime: SessionRuntime, turn: PendingTurn, record: TurnRecord) -> None:
+        if turn.record is not None:  # ended already (a close racing the commit): once only
+            return
         if runtime.child is not None:  # a swap parked during the turn was adopted at its end
             runtime.generation = max(runtime.generation, runtime.child.generation)
         runtime.pending = None
@@ -386,6 +403,10 @@ class TurnRunner:
                 self.metrics.swaps.labels(kind=frame.kind.value).inc()
             case Failed(turn=turn, error=error):
                 log.error("child.failed", child=child.id, session=runtime.id, turn=turn, error=error)
+                if turn is None and runtime.child is child:  # it refused to open the session: not loaded there
+                    runtime.child = None
+                    child.loaded.discard(runtime.id)
+                    self._changed()
                 pending = runtime.pending
                 if pending is not None and (turn is None or pending.id == turn) and pending.child is child:
                     await self.end_without_result(runtime, pending, TurnStatus.FAILED, error)
@@ -460,7 +481,7 @@ class TurnRunner:
                 )
                 if not pending.done.is_set():
                     pending.cut = f"the store could not commit the turn ({exc}); it is retried and kept"
-                    pending.cut_code = "store_unavailable"
+                    pending.cut_code = "store_full" if exc.full else "store_unavailable"
                     pending.mark_done()
                 with anyio.move_on_after(backoff):
                     await self._stopped.wait()  # a stop ends the wait at once
