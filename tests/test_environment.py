@@ -96,3 +96,9 @@ def test_the_api_token_and_the_store_password_are_withheld_whatever_pass_env_say
     env = child_environment({**DAEMON_ENV, "PGPASS_VAR": "db-secret", "AGENTD_LOG_FORMAT": "json"}, config)
     assert "AGENTD_API_TOKEN" not in env and "PGPASS_VAR" not in env
     assert env["AGENTD_LOG_FORMAT"] == "json"
+
+
+def test_a_config_that_names_the_api_token_as_a_key_still_does_not_pass_it() -> None:
+    config = parse_config('[intelligence]\napi_key_env = "AGENTD_API_TOKEN"\n[[assistants]]\nname = "a"\n')
+    assert "AGENTD_API_TOKEN" not in child_environment(DAEMON_ENV, config)
+    assert "AGENTD_API_TOKEN" not in passed_through(DAEMON_ENV, config)
