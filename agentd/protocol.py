@@ -291,16 +291,17 @@ class SwapApplied(_Frame, frozen=True, tag="swap_applied", kw_only=True):
 
 
 class AppliedSwap(msgspec.Struct, frozen=True, kw_only=True):
-    """One idle session's swap, inside ``SwapsApplied``."""
+    """One assistant's swap and the idle sessions on it that took it, inside ``SwapsApplied``."""
 
-    session: str
+    assistant: str
     kind: SwapKind
     model_from: str
     model_to: str
+    sessions: tuple[str, ...]
 
 
 class SwapsApplied(_Frame, frozen=True, tag="swaps_applied", kw_only=True):
-    """← The idle sessions that swapped at once on a SwapIntel: one frame per child per reload."""
+    """← The idle sessions that swapped at once on a SwapIntel, per assistant: one frame per child per reload."""
 
     generation: int
     policy: SwapPolicy

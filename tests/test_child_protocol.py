@@ -174,9 +174,14 @@ async def test_idle_session_applies_swap_at_once(tmp_path: Path) -> None:
         batch = await child.expect(SwapsApplied)
         assert ack.generation == batch.generation == 2
         [applied] = batch.applied
-        assert (applied.session, applied.model_from, applied.model_to) == ("s1", "old-model", "model-b")
-        await child.event("swap.applied", lambda e: e.turn is None and e.data["model_to"] == "model-b")
+        assert (applied.assistant, applied.model_from, applied.model_to) == ("main", "old-model", "model-b")
+        assert applied.sessions == ("s1",)
+        # Reported once, in the batch: no per-session frame or event now, and none at the next turn.
+        await child.say("next", "t1")
+        done = await child.expect(TurnDone)
+        assert assistant_models(done) == ["model-b"]
         assert not child.of(SwapApplied), "an idle session's swap is reported in the child's one batch"
+        assert not [e for e in child.of(Event) if e.name == "swap.applied"]
 
 
 async def test_restart_turn_discards_and_reruns_without_starting_requested_tools(tmp_path: Path) -> None:

@@ -241,7 +241,15 @@ def _samples() -> list[Any]:
         SwapsApplied(
             generation=4,
             policy=SwapPolicy.RESTART_TURN,
-            applied=(AppliedSwap(session="s-2", kind=SwapKind.MODEL, model_from="qwen3-8b", model_to="qwen3-32b"),),
+            applied=(
+                AppliedSwap(
+                    assistant="triage",
+                    kind=SwapKind.MODEL,
+                    model_from="qwen3-8b",
+                    model_to="qwen3-32b",
+                    sessions=("s-2", "s-3"),
+                ),
+            ),
         ),
     ]
 

@@ -44,6 +44,7 @@ from agentd.protocol import (
     SwapsApplied,
     Watch,
 )
+from agentd.swap import classify_swap
 from agentd.tools import AnyTool
 
 __all__ = ["EXIT_PROTOCOL_ERROR", "ChildRuntime"]
@@ -153,42 +154,43 @@ class ChildRuntime:
         # Ack first: receipt is acknowledged at once; applying waits for each session's boundary.
         await self.send(SwapAck(generation=frame.generation))
         self.generation, self.policy, self.limits = frame.generation, frame.policy, frame.limits
+        before = self.intelligence
         self.intelligence = {**self.intelligence, **frame.intelligence}
         if frame.env is not None:
             os.environ.update(frame.env.values)  # before providers and tools of the generation start
         if frame.config is not None:
             self.environ = dict(frame.secrets.values) if frame.secrets else {}
             self._adopt_config(frame.config)
-        applied: list[AppliedSwap] = []
+        # Which assistants swapped is decided once per assistant, not per session.
+        swapped = {
+            name: (kind, before[name].model, new.model)
+            for name, new in self.intelligence.items()
+            if name in before and (kind := classify_swap(before[name], new)) is not None
+        }
+        idle: dict[str, list[str]] = {name: [] for name in swapped}
         for session in list(self.sessions.values()):
             if session.running:
                 await session.park(frame)  # applied at the turn's next boundary
-                continue
-            # Idle: its boundary is now. All idle sessions swap in one pass and one frame, so a
-            # reload costs a child one message, not one per session (RFC 0006 §8).
-            session.parked = frame
-            swap = session.adopt_parked()
-            if swap is None:
-                continue
-            applied.append(swap)
-            await session.emit(
-                events.SWAP_APPLIED,
-                None,
-                generation=frame.generation,
-                kind=swap.kind.value,
-                model_from=swap.model_from,
-                model_to=swap.model_to,
-                policy=frame.policy.value,
-            )
+            else:
+                # Idle: its boundary is now (RFC 0002 §3). Parking is all the work per session, so a
+                # reload costs a child one pass and one frame, whatever it hosts (RFC 0006 §8).
+                session.park_idle(frame)
+                if session.assistant in idle:
+                    idle[session.assistant].append(session.id)
+        applied = tuple(
+            AppliedSwap(assistant=name, kind=kind, model_from=old, model_to=new, sessions=tuple(idle[name]))
+            for name, (kind, old, new) in swapped.items()
+            if idle[name]
+        )
         if applied:
             log.info(
                 events.LOG_SWAP_APPLIED_IDLE,
                 child=self.child_id,
                 generation=frame.generation,
-                sessions=len(applied),
+                sessions=sum(len(a.sessions) for a in applied),
                 policy=frame.policy.value,
             )
-            await self.send(SwapsApplied(generation=frame.generation, policy=frame.policy, applied=tuple(applied)))
+            await self.send(SwapsApplied(generation=frame.generation, policy=frame.policy, applied=applied))
 
     def _adopt_config(self, config: Config) -> None:
         """A new generation's prompts, tools and transfers: sessions opened from now on, and each

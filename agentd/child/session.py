@@ -17,7 +17,7 @@ from agentd.config import Assistant, Config, Intelligence, Limits, SwapPolicy
 from agentd.intel import Provider, build_provider
 from agentd.messages import Message
 from agentd.obs import get_logger
-from agentd.protocol import AppliedSwap, Event, Frame, SwapApplied, SwapIntel, SwapKind
+from agentd.protocol import Event, Frame, SwapApplied, SwapIntel, SwapKind
 from agentd.swap import classify_swap, restart_due
 
 __all__ = ["ChildSession", "SendFrame"]
@@ -54,6 +54,9 @@ class ChildSession:
         self.provider: Provider = build_provider(self.current_intelligence)
         self.provider_stale = False  # a swap was adopted while idle: rebuild before the next call
         self.parked: SwapIntel | None = None
+        # The parked swap was reported when it arrived (the session was idle: RFC 0002 §3), so the
+        # next turn adopts it without reporting it again.
+        self.parked_reported = False
         self.turn_id: str | None = None
         self.turn_scope: anyio.CancelScope | None = None
         self.swap_parked_event = anyio.Event()
@@ -81,8 +84,8 @@ class ChildSession:
 
     async def park(self, frame: SwapIntel) -> None:
         """Put a swap in the slot (latest wins) of a session with a turn in flight; it is applied at
-        the turn's next boundary. Idle sessions are swapped by the runtime, all at once (``adopt_parked``)."""
-        self.parked = frame
+        the turn's next boundary. Idle sessions are swapped by the runtime, all at once (``park_idle``)."""
+        self.parked, self.parked_reported = frame, False
         # Wake whoever waits for a park, and give the next wait a fresh event.
         self.swap_parked_event.set()
         self.swap_parked_event = anyio.Event()
@@ -123,11 +126,16 @@ class ChildSession:
         target = self.parked.intelligence.get(self.assistant, self.current_intelligence)
         return classify_swap(self.current_intelligence, target) is SwapKind.REPOINT
 
-    def adopt_parked(self) -> AppliedSwap | None:
-        """Drain the slot: adopt the new generation; what swapped, if this session's intelligence changed.
+    def park_idle(self, frame: SwapIntel) -> None:
+        """An idle session takes a swap at once (RFC 0002 §3): the child reports it for all its idle
+        sessions together; the session itself adopts it, silently, at the top of its next turn."""
+        self.parked, self.parked_reported = frame, True
 
-        No I/O: the provider client is rebuilt at the session's next turn (``ready_provider``), so a
-        reload costs a child no client teardown per idle session.
+    def adopt_parked(self) -> tuple[SwapKind, str, str] | None:
+        """Drain the slot: adopt the new generation; (kind, model from, model to) if this session's
+        intelligence changed.
+
+        No I/O: the provider client is rebuilt before the session's next model call (``ready_provider``).
         """
         frame, self.parked = self.parked, None
         if frame is None:
@@ -146,16 +154,19 @@ class ChildSession:
         if kind is None:
             return None
         self.provider_stale = True
-        return AppliedSwap(session=self.id, kind=kind, model_from=old.model, model_to=new.model)
+        return kind, old.model, new.model
 
     async def apply_parked(self, turn: str | None) -> SwapKind | None:
         """At a turn boundary: drain the slot and report the swap (log, ``swap_applied``, event)."""
-        frame = self.parked
+        frame, reported = self.parked, self.parked_reported
+        self.parked_reported = False
         applied = self.adopt_parked()
         if frame is None or applied is None:
             return None
-        kind, old, new = applied.kind, applied.model_from, applied.model_to
+        kind, old, new = applied
         await self.ready_provider()
+        if reported:
+            return kind
         log.info(
             events.LOG_SWAP_APPLIED,
             session=self.id,

@@ -15,7 +15,6 @@ written to the store and acknowledged, and every run of a turn is sent what earl
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Protocol
 
@@ -524,13 +523,24 @@ class TurnRunner:
                 runtime.generation = max(runtime.generation, generation)
 
     def swaps_applied(self, child: Child, frame: SwapsApplied) -> None:
-        """A child's idle sessions took a swap at once: in memory only, like ``SwapApplied``."""
+        """A child's idle sessions took a swap at once: in memory only, like ``SwapApplied``; the
+        ``swap.applied`` event of a watched one is published here (the child sends none for them)."""
         for swap in frame.applied:
-            runtime = self.sessions.get(swap.session)
-            if runtime is not None:
-                runtime.generation, runtime.model = frame.generation, swap.model_to
-        for kind, count in Counter(swap.kind for swap in frame.applied).items():
-            self.metrics.swaps.labels(kind=kind.value).inc(count)
+            self.metrics.swaps.labels(kind=swap.kind.value).inc(len(swap.sessions))
+            data = {
+                "generation": frame.generation,
+                "kind": swap.kind.value,
+                "model_from": swap.model_from,
+                "model_to": swap.model_to,
+                "policy": frame.policy.value,
+            }
+            for session_id in swap.sessions:
+                runtime = self.sessions.get(session_id)
+                if runtime is None:
+                    continue
+                runtime.generation, runtime.model = max(runtime.generation, frame.generation), swap.model_to
+                if runtime.watched:
+                    runtime.publish(events.SWAP_APPLIED, None, dict(data))
 
     def idle_since(self, session_id: str) -> float | None:
         """When the session's last turn ended (monotonic), or None while one is in flight."""
