@@ -171,12 +171,11 @@ def tool_issues(
         out, _ = _kill(process)
         stopped = f"not resolved within {timeout:g}s (supervisor.spawn_timeout); a child could not start with it"
         return _issues_from(out, tool_lists, stopped)
-    if process.returncode == 0:
-        return _issues_from(out, tool_lists, None)
-    # A tool's import that exits the process (sys.exit, os._exit, a crash) would end a child's start-up too.
+    # A tool's import that exits the process (sys.exit, os._exit, a crash) would end a child's start-up
+    # too — even with exit status 0 (``os._exit(0)`` cannot be caught): every ref must have been reported.
     last = err.decode("utf-8", "replace").strip().splitlines()[-1:]
     stopped = f"importing it ended the process (exit status {process.returncode})" + (f": {last[0]}" if last else "")
-    return _issues_from(out, tool_lists, stopped)
+    return _issues_from(out, tool_lists, stopped, only_if_unreported=process.returncode == 0)
 
 
 def _kill(process: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
@@ -189,9 +188,12 @@ def _kill(process: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
         return b"", b""
 
 
-def _issues_from(out: bytes, tool_lists: Sequence[Sequence[str]], stopped: str | None) -> list[ConfigIssue]:
+def _issues_from(
+    out: bytes, tool_lists: Sequence[Sequence[str]], stopped: str | None, *, only_if_unreported: bool = False
+) -> list[ConfigIssue]:
     """The check's report (one JSON line per ref resolved) → issues. When the check was ``stopped``
-    (timed out, or its process ended), the first ref without a line is the one it stopped at."""
+    (timed out, or its process ended), the first ref without a line is the one it stopped at; with
+    ``only_if_unreported`` (it exited 0), that is an issue only if some ref has no line."""
     issues: list[ConfigIssue] = []
     seen: set[tuple[int, int]] = set()
     for line in out.decode("utf-8", "replace").splitlines():
@@ -205,6 +207,8 @@ def _issues_from(out: bytes, tool_lists: Sequence[Sequence[str]], stopped: str |
             issues.append(ConfigIssue(f"assistants[{i}].tools", str(error)))
     if stopped is not None:
         pending = [(i, k) for i, refs in enumerate(tool_lists) for k in range(len(refs) + 1) if (i, k) not in seen]
+        if only_if_unreported and not pending:
+            return issues
         i, k = pending[0] if pending else (0, 0)
         what = f"tool {tool_lists[i][k]!r}" if i < len(tool_lists) and k < len(tool_lists[i]) else "the tools"
         issues.append(ConfigIssue(f"assistants[{i}].tools", f"{what}: {stopped}"))
@@ -230,7 +234,9 @@ def resolve_tool_lists(
                 resolve_tool(ref)
             except ToolError as exc:
                 error = str(exc)
-            except Exception as exc:  # e.g. a function whose signature cannot be described to a model
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # e.g. a signature that cannot be described; never SystemExit out
                 error = f"tool {ref!r}: {type(exc).__name__}: {exc}"
             if error is not None:
                 failures.append((i, error))

@@ -198,7 +198,9 @@ class ChildRuntime:
         for assistant in config.assistants:
             try:
                 toolboxes[assistant.name] = build_toolbox(assistant, config)
-            except Exception as exc:  # validated by the supervisor first; never take the child down
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # validated by the supervisor first; never take the child down
                 log.error("child.tools_unresolved", child=self.child_id, assistant=assistant.name, error=str(exc))
         self.toolboxes = toolboxes
         if self.hub is not None:  # servers changed or dropped: their old connections close once unused

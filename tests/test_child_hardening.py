@@ -1,0 +1,64 @@
+"""Regressions from a hostile review, through a real child: a tool import that calls ``sys.exit``
+and provider options a provider cannot take never take a child down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agentd.budget import TurnStatus
+from agentd.config import SwapPolicy, intelligence_map, parse_config
+from agentd.protocol import Ping, Pong, SwapAck, SwapIntel, TurnDone
+from tests.child_harness import REPO, running_child
+
+pytestmark = pytest.mark.anyio
+
+FINISH = SwapPolicy.FINISH_ON_OLD
+
+
+def cfg(*, tools: str = '["clock"]', options: str = "") -> str:
+    return f"""
+[intelligence]
+provider = "scripted"
+model = "m"
+options = {{ {options} }}
+
+[[assistants]]
+name = "main"
+first_message_mode = "assistant-waits-for-user"
+tools = {tools}
+"""
+
+
+def swap_to(text: str, generation: int) -> SwapIntel:
+    config = parse_config(text)
+    return SwapIntel(
+        generation=generation,
+        policy=FINISH,
+        intelligence=intelligence_map(config),
+        limits=config.limits,
+        config=config,
+    )
+
+
+async def alive(child: object, seq: int) -> None:
+    with anyio.fail_after(10):
+        await child.send(Ping(seq=seq))  # type: ignore[attr-defined]
+        assert (await child.expect(Pong, lambda p: p.seq == seq)).seq == seq  # type: ignore[attr-defined]
+
+
+async def test_a_reload_whose_tool_calls_sys_exit_at_import_leaves_the_child_running(tmp_path: Path) -> None:
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "sysexitmod.py").write_text("import sys\nsys.exit(0)\n")
+    async with running_child(cfg(), tmp_path, PYTHONPATH=f"{REPO}:{mods}") as child:
+        await child.send(swap_to(cfg(tools='["sysexitmod:f"]'), 2))
+        await child.expect(SwapAck)
+        await alive(child, 1)
+        await child.open()
+        await child.say("hello", "t1")
+        done = await child.expect(TurnDone)
+        assert done.record.status is TurnStatus.COMPLETED  # the assistant kept its previous tools
+        assert any("child.tools_unresolved" in line and "sys.exit" in line for line in child.stderr)

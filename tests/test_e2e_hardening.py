@@ -1,0 +1,60 @@
+"""Regressions from a hostile review, through the real daemon: a tool whose import exits the
+process, provider options of the wrong type, SIGTERM during a slow reload, unexpected route errors,
+a SIGHUP at launch, and the bounds of the supervisor's timers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_harness import REPO, Daemon, running_daemon
+
+pytestmark = pytest.mark.e2e
+
+BASE = """
+[intelligence]
+provider = "scripted"
+model = "echo-small"
+
+[[assistants]]
+name = "main"
+first_message_mode = "assistant-waits-for-user"
+"""
+
+
+def tool_dir(tmp: Path, **modules: str) -> dict[str, str]:
+    """Modules written to ``tmp/mods``; the env that puts them on the daemon's (and children's) path."""
+    mods = tmp / "mods"
+    mods.mkdir(exist_ok=True)
+    for name, text in modules.items():
+        (mods / f"{name}.py").write_text(text)
+    return {"PYTHONPATH": f"{REPO}:{mods}"}
+
+
+@pytest.mark.parametrize("exit_call", ["import sys\nsys.exit(0)\n", "import os\nos._exit(0)\n"])
+def test_a_tool_whose_import_exits_0_is_refused_by_check_config_start_up_and_reload(
+    tmp_path: Path, exit_call: str
+) -> None:
+    env = tool_dir(tmp_path, sysexitmod=exit_call)
+    bad = BASE + 'tools = ["sysexitmod:f"]\n'
+    daemon = Daemon(tmp_path, bad, env=env)
+    checked = daemon.run_cli("check-config", str(daemon.config_path), "--json")
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    report = json.loads(checked.stdout)
+    assert report["valid"] is False
+    assert report["errors"][0]["path"] == "assistants[0].tools"
+    assert "sysexitmod" in report["errors"][0]["message"]
+    # Start-up refuses it (exit 2), before any child could die importing it.
+    started = subprocess.run(daemon.command(), env=daemon.env, cwd=tmp_path, capture_output=True, timeout=60)
+    assert started.returncode == 2, started.stderr
+    # A reload to it is rejected; the running config keeps serving.
+    daemon.write_config(BASE)
+    with running_daemon(tmp_path, BASE, env=env) as running:
+        running.write_config(bad)
+        result = running.json("POST", "/v1/reload", status=422)
+        assert result["applied"] is False and result["errors"][0]["path"] == "assistants[0].tools"
+        session = running.new_session()
+        assert running.send(session, "hello")["turn"]["status"] == "completed"
