@@ -37,6 +37,7 @@ from agentd.config import (
     ConfigIssue,
     SupervisorSettings,
     SwapPolicy,
+    effective_intelligence,
     parse_config,
     read_config_text,
 )
@@ -68,7 +69,7 @@ def validate_config_file(
     config: Config | None
     try:
         config = parse_config(text, str(path))
-        issues: list[ConfigIssue] = []
+        issues: list[ConfigIssue] = _option_issues(config)
         tool_lists = [list(a.tools) for a in config.assistants]
         servers = [server.name for server in config.mcp_servers]
         timeout = config.supervisor.spawn_timeout
@@ -123,6 +124,22 @@ def _raw_server_names(text: str) -> list[str]:
     if not isinstance(servers, list):
         return []
     return [s["name"] for s in servers if isinstance(s, dict) and isinstance(s.get("name"), str)]
+
+
+def _option_issues(config: Config) -> list[ConfigIssue]:
+    """Provider options a provider cannot take (``agentd.intel.options``), at the table that set
+    them: an assistant's own ``intelligence.options``, else the default ``[intelligence]``."""
+    from agentd.intel.options import option_errors
+
+    issues: dict[str, ConfigIssue] = {}
+    for i, assistant in enumerate(config.assistants):
+        effective = effective_intelligence(config, assistant.name)
+        own = assistant.intelligence.options if assistant.intelligence is not None else None
+        for key, message in option_errors(effective.provider, effective.options):
+            where = f"assistants[{i}].intelligence" if own is not None and key in own else "intelligence"
+            field = f"{where}.options.{key}"
+            issues.setdefault(field, ConfigIssue(field, f"invalid {effective.provider} option: {message}"))
+    return list(issues.values())
 
 
 def _frame_issues(config: Config) -> list[ConfigIssue]:

@@ -10,7 +10,7 @@ import pytest
 
 from agentd.budget import TurnStatus
 from agentd.config import SwapPolicy, intelligence_map, parse_config
-from agentd.protocol import Ping, Pong, SwapAck, SwapIntel, TurnDone
+from agentd.protocol import Failed, Ping, Pong, SwapAck, SwapIntel, TurnDone
 from tests.child_harness import REPO, running_child
 
 pytestmark = pytest.mark.anyio
@@ -62,3 +62,25 @@ async def test_a_reload_whose_tool_calls_sys_exit_at_import_leaves_the_child_run
         done = await child.expect(TurnDone)
         assert done.record.status is TurnStatus.COMPLETED  # the assistant kept its previous tools
         assert any("child.tools_unresolved" in line and "sys.exit" in line for line in child.stderr)
+
+
+async def test_a_session_whose_provider_cannot_be_built_is_refused_and_the_child_lives(tmp_path: Path) -> None:
+    async with running_child(cfg(options='delay_ms = "abc"'), tmp_path) as child:
+        await child.open()
+        failed = await child.expect(Failed, lambda f: f.session == "s1")
+        assert "cannot build the scripted provider" in failed.error and "delay_ms" in failed.error
+        await alive(child, 1)
+
+
+async def test_a_swap_to_options_the_provider_cannot_take_fails_the_turn_not_the_child(tmp_path: Path) -> None:
+    async with running_child(cfg(), tmp_path) as child:
+        await child.open()
+        await child.send(swap_to(cfg(options="steps = 1.5"), 2))
+        await child.expect(SwapAck)
+        await alive(child, 1)
+        await child.say("hello", "t1")
+        done = await child.expect(TurnDone)
+        assert done.record.status is TurnStatus.FAILED
+        assert done.record.error is not None and "cannot build the scripted provider" in done.record.error
+        await alive(child, 2)
+        assert not child.of(Failed)

@@ -58,3 +58,25 @@ def test_a_tool_whose_import_exits_0_is_refused_by_check_config_start_up_and_rel
         assert result["applied"] is False and result["errors"][0]["path"] == "assistants[0].tools"
         session = running.new_session()
         assert running.send(session, "hello")["turn"]["status"] == "completed"
+
+
+def test_provider_options_of_the_wrong_type_are_refused_with_their_field_path(tmp_path: Path) -> None:
+    bad = BASE.replace('model = "echo-small"', 'model = "echo-small"\noptions = { delay_ms = "abc" }')
+    daemon = Daemon(tmp_path, bad)
+    started = subprocess.run(daemon.command(), env=daemon.env, cwd=tmp_path, capture_output=True, timeout=60)
+    assert started.returncode == 2, started.stderr
+    assert b"intelligence.options.delay_ms" in started.stderr
+    with running_daemon(tmp_path, BASE) as running:
+        running.write_config(
+            BASE
+            + "intelligence = { options = { steps = 1.5 } }\n"
+            + '[[assistants]]\nname = "http"\nintelligence = { provider = "ollama", endpoints = ["http://127.0.0.1:9"],'
+            + ' options = { read_timeout = "soon", temperature = 0.2 } }\n'
+        )
+        result = running.json("POST", "/v1/reload", status=422)
+        assert [e["path"] for e in result["errors"]] == [
+            "assistants[0].intelligence.options.steps",
+            "assistants[1].intelligence.options.read_timeout",
+        ], result
+        session = running.new_session()
+        assert running.send(session, "hello")["turn"]["status"] == "completed"

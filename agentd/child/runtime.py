@@ -225,6 +225,11 @@ class ChildRuntime:
         except KeyError:
             await self.send(Failed(session=frame.session, error=f"unknown assistant {frame.assistant!r}"))
             return
+        except Exception as exc:  # a provider it cannot build (validation refuses its options first)
+            intelligence = self.intelligence[frame.assistant]
+            error = f"cannot build the {intelligence.provider} provider for assistant {frame.assistant!r}: {exc}"
+            await self.send(Failed(session=frame.session, error=error))
+            return
         self.sessions[frame.session] = session
         toolbox = self.toolboxes.get(frame.assistant)
         if toolbox is not None and self.hub is not None:
