@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 
@@ -44,12 +45,34 @@ from agentd.config import (
 from agentd.environment import child_environment
 from agentd.mcp import is_mcp_ref
 
-__all__ = ["resolve_tool_lists", "tool_issues", "validate_config_file"]
+__all__ = ["abort_tool_checks", "resolve_tool_lists", "tool_issues", "validate_config_file"]
 
 #: Left over after a timed-out check was killed: how long its output may take to arrive.
 _AFTER_KILL_SECONDS = 2.0
 #: The environment variable the daemon never passes to children (nor to the tool check).
 _TOKEN_ENV = "AGENTD_API_TOKEN"
+
+#: The tool checks running now (a reload's, on a worker thread): shutdown kills them, so a reload it
+#: abandons never keeps the process alive until its check ends (RFC 0003 §5).
+_checks: set[subprocess.Popen[bytes]] = set()
+_checks_lock = threading.Lock()
+_aborted = False
+
+
+def _checks_aborted() -> bool:
+    with _checks_lock:
+        return _aborted
+
+
+def abort_tool_checks() -> None:
+    """Kill every running tool check with its process group and refuse new ones (the daemon stops)."""
+    global _aborted
+    with _checks_lock:
+        _aborted = True
+        running = list(_checks)
+    for process in running:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def validate_config_file(
@@ -173,14 +196,19 @@ def tool_issues(
         return [ConfigIssue(f"assistants[{i}].tools", message) for i, message in resolve_tool_lists(tool_lists)]
     env = dict(os.environ if environ is None else environ)
     env.pop(_TOKEN_ENV, None)
-    process = subprocess.Popen(
-        [sys.executable, "-P", "-m", "agentd.validate"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,  # its own process group: a timeout kills whatever a tool's import started
-    )
+    aborted = "not resolved: the daemon is shutting down"
+    with _checks_lock:
+        if _aborted:
+            return _issues_from(b"", tool_lists, aborted)
+        process = subprocess.Popen(
+            [sys.executable, "-P", "-m", "agentd.validate"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # its own process group: a timeout kills whatever a tool's import started
+        )
+        _checks.add(process)
     request = json.dumps([list(refs) for refs in tool_lists]).encode()
     try:
         out, err = process.communicate(request, timeout=timeout)
@@ -188,6 +216,11 @@ def tool_issues(
         out, _ = _kill(process)
         stopped = f"not resolved within {timeout:g}s (supervisor.spawn_timeout); a child could not start with it"
         return _issues_from(out, tool_lists, stopped)
+    finally:
+        with _checks_lock:
+            _checks.discard(process)
+    if _checks_aborted():  # killed by shutdown: say so rather than "ended the process (-9)"
+        return _issues_from(out, tool_lists, aborted)
     # A tool's import that exits the process (sys.exit, os._exit, a crash) would end a child's start-up
     # too — even with exit status 0 (``os._exit(0)`` cannot be caught): every ref must have been reported.
     last = err.decode("utf-8", "replace").strip().splitlines()[-1:]

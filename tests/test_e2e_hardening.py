@@ -5,12 +5,14 @@ a SIGHUP at launch, and the bounds of the supervisor's timers."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import REPO, Daemon, running_daemon
+from tests.daemon_harness import REPO, Daemon, pid_alive, running_daemon, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -80,3 +82,34 @@ def test_provider_options_of_the_wrong_type_are_refused_with_their_field_path(tm
         ], result
         session = running.new_session()
         assert running.send(session, "hello")["turn"]["status"] == "completed"
+
+
+SLOW_IMPORT = """
+import os, sys, time
+_MAIN = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", "") or ""
+if _MAIN == "agentd.validate":
+    with open(os.environ["SLOW_MARK"], "w") as mark:
+        mark.write(str(os.getpid()))
+    time.sleep(25)
+def f() -> str:
+    return "ok"
+"""
+
+
+@pytest.mark.parametrize("sigterms", [1, 2])
+def test_sigterm_during_a_slow_reload_exits_at_once_and_kills_the_tool_check(tmp_path: Path, sigterms: int) -> None:
+    mark = tmp_path / "check.pid"
+    env = {**tool_dir(tmp_path, slowmod=SLOW_IMPORT), "SLOW_MARK": str(mark)}
+    supervisor = '[supervisor]\nspawn_timeout = "60s"\npass_env = ["SLOW_MARK", "AGENTD_TEST_*"]\n'
+    with running_daemon(tmp_path, BASE + supervisor, env=env) as daemon:
+        daemon.write_config(BASE + 'tools = ["slowmod:f"]\n' + supervisor)
+        daemon.signal(signal.SIGHUP)
+        wait_until(lambda: mark.exists() and mark.read_text(), "the reload's tool check to import slowmod")
+        check_pid = int(mark.read_text())
+        started = time.monotonic()
+        for _ in range(sigterms):
+            daemon.signal(signal.SIGTERM)
+        code = daemon.wait_exit(timeout=20)
+        assert time.monotonic() - started < 8, "the exit waited for the tool check"
+        assert code in ((0,) if sigterms == 1 else (0, 1))  # a second may find the drain already done
+        wait_until(lambda: not pid_alive(check_pid), "the tool check to be killed", timeout=5)
