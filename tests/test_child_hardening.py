@@ -13,8 +13,6 @@ from agentd.config import SwapPolicy, intelligence_map, parse_config
 from agentd.protocol import Failed, Ping, Pong, SwapAck, SwapIntel, TurnDone
 from tests.child_harness import REPO, running_child
 
-pytestmark = pytest.mark.anyio
-
 FINISH = SwapPolicy.FINISH_ON_OLD
 
 
@@ -49,6 +47,7 @@ async def alive(child: object, seq: int) -> None:
         assert (await child.expect(Pong, lambda p: p.seq == seq)).seq == seq  # type: ignore[attr-defined]
 
 
+@pytest.mark.anyio
 async def test_a_reload_whose_tool_calls_sys_exit_at_import_leaves_the_child_running(tmp_path: Path) -> None:
     mods = tmp_path / "mods"
     mods.mkdir()
@@ -64,6 +63,7 @@ async def test_a_reload_whose_tool_calls_sys_exit_at_import_leaves_the_child_run
         assert any("child.tools_unresolved" in line and "sys.exit" in line for line in child.stderr)
 
 
+@pytest.mark.anyio
 async def test_a_session_whose_provider_cannot_be_built_is_refused_and_the_child_lives(tmp_path: Path) -> None:
     async with running_child(cfg(options='delay_ms = "abc"'), tmp_path) as child:
         await child.open()
@@ -72,6 +72,7 @@ async def test_a_session_whose_provider_cannot_be_built_is_refused_and_the_child
         await alive(child, 1)
 
 
+@pytest.mark.anyio
 async def test_a_swap_to_options_the_provider_cannot_take_fails_the_turn_not_the_child(tmp_path: Path) -> None:
     async with running_child(cfg(), tmp_path) as child:
         await child.open()
@@ -84,3 +85,25 @@ async def test_a_swap_to_options_the_provider_cannot_take_fails_the_turn_not_the
         assert done.record.error is not None and "cannot build the scripted provider" in done.record.error
         await alive(child, 2)
         assert not child.of(Failed)
+
+
+def test_stdlib_logging_and_uvicorn_errors_are_one_json_line_each() -> None:
+    import io
+    import json
+    import logging
+
+    from agentd.obs import configure_logging
+
+    out = io.StringIO()
+    configure_logging("json", "info", stream=out)
+    try:
+        raise ValueError("bad\nthing")
+    except ValueError:
+        logging.getLogger("uvicorn.error").exception("Exception in ASGI application\n")
+    finally_lines = out.getvalue()
+    configure_logging("json", "info")  # back to stderr for whatever runs next in this process
+    lines = finally_lines.splitlines()
+    assert len(lines) == 1, lines
+    record = json.loads(lines[0])
+    assert record["event"] == "stdlib.log" and record["logger"] == "uvicorn.error"
+    assert record["error"] == "ValueError: bad thing" and record["level"] == "error"

@@ -113,3 +113,36 @@ def test_sigterm_during_a_slow_reload_exits_at_once_and_kills_the_tool_check(tmp
         assert time.monotonic() - started < 8, "the exit waited for the tool check"
         assert code in ((0,) if sigterms == 1 else (0, 1))  # a second may find the drain already done
         wait_until(lambda: not pid_alive(check_pid), "the tool check to be killed", timeout=5)
+
+
+FAULTY_STATUS = """
+import os
+if os.environ.get("FAULT_STATUS"):
+    import agentd.supervisor.core as core
+
+    async def status(self):
+        raise RuntimeError("injected\\nfault")
+
+    core.Supervisor.status = status
+"""
+
+
+def test_an_unexpected_error_in_a_route_is_a_json_500_and_one_log_line(tmp_path: Path) -> None:
+    # A sitecustomize on the daemon's path breaks GET /v1/status (FAULT_STATUS: the daemon only).
+    env = {**tool_dir(tmp_path, sitecustomize=FAULTY_STATUS), "FAULT_STATUS": "1"}
+    with running_daemon(tmp_path, BASE, env=env) as daemon:
+        limit = daemon.api("GET", "/v1/sessions?limit=\u00b2")
+        assert limit.status_code == 400 and limit.json()["error"]["code"] == "bad_limit", limit.text
+        assert "limit" in limit.json()["error"]["message"]
+        broken = daemon.api("GET", "/v1/status")
+        assert broken.status_code == 500, broken.text
+        assert broken.json()["error"]["code"] == "internal"
+        assert "RuntimeError" in broken.json()["error"]["message"]
+        (line,) = daemon.wait_log("api.internal_error")
+        assert line["error_type"] == "RuntimeError" and line["error"] == "injected fault"
+        assert line["path"] == "/v1/status" and line["level"] == "error"
+        assert daemon.api("GET", "/v1/health").status_code == 200
+    lines = [line for line in daemon.log_text().splitlines() if line.strip()]
+    not_json = [line for line in lines if not line.startswith("{")]
+    assert not not_json, not_json[:5]
+    assert "Traceback" not in daemon.log_text()
