@@ -146,3 +146,44 @@ def test_an_unexpected_error_in_a_route_is_a_json_500_and_one_log_line(tmp_path:
     not_json = [line for line in lines if not line.startswith("{")]
     assert not not_json, not_json[:5]
     assert "Traceback" not in daemon.log_text()
+
+
+SLOW_CLI_IMPORT = """
+import os, sys, time
+if os.environ.get("DELAY_CLI_IMPORT"):
+    class _Slow:
+        def find_spec(self, name, path=None, target=None):
+            if name == "agentd.cli":
+                time.sleep(1.5)
+            return None
+    sys.meta_path.insert(0, _Slow())
+"""
+
+
+def catches_sighup(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGHUP - 1)))
+    return False
+
+
+def test_a_sighup_right_after_launch_is_a_reload_not_a_kill(tmp_path: Path) -> None:
+    # The CLI's import is made slow (sitecustomize, DELAY_CLI_IMPORT: the daemon only), so the
+    # SIGHUP surely lands while it is imported, well before the daemon's own handlers exist.
+    env = {**tool_dir(tmp_path, sitecustomize=SLOW_CLI_IMPORT), "DELAY_CLI_IMPORT": "1"}
+    daemon = Daemon(tmp_path, BASE, env=env)
+    daemon._log = open(daemon.log_path, "wb")  # noqa: SIM115 - closed in stop()
+    daemon.process = subprocess.Popen(
+        daemon.command(), stdout=daemon._log, stderr=subprocess.STDOUT, env=daemon.env, cwd=tmp_path
+    )
+    try:
+        pid = daemon.process.pid
+        wait_until(lambda: catches_sighup(pid), "the entry point's SIGHUP handler", timeout=1.0, interval=0.001)
+        daemon.signal(signal.SIGHUP)
+        daemon.start_client()
+        daemon.wait_log("supervisor.signal", lambda r: r.get("action") == "reload")
+        daemon.wait_log("config.reload")
+        assert daemon.status()["generation"] == 1
+    finally:
+        code = daemon.stop()
+    assert code == 0, daemon.log_text()[-2000:]

@@ -145,9 +145,13 @@ class EarlySignals:
     SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
+        from agentd import entry
+
         self.received: list[int] = []
         for signum in self.SIGNALS:
             signal.signal(signum, self._remember)
+        # What arrived before this, from the launch on (the entry point's handler), comes first.
+        self.received[:0] = entry.take()
 
     def _remember(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
