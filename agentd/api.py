@@ -51,28 +51,31 @@ def _is_number(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+#: Where a body limit comes from, as a 413 names it.
+MESSAGE_LIMIT = "[server] max_message_bytes"
+FIXED_LIMIT = "1 MiB, the fixed limit of this route; [server] max_message_bytes is for messages"
+
+
+async def _read_body(request: Request, limit: int, source: str = FIXED_LIMIT) -> bytes:
     """The request body, refused with 413 as soon as it is known to exceed ``limit`` (never read whole)."""
     declared = request.headers.get("content-length")
     if declared is not None and _is_number(declared) and int(declared) > limit:
         raise ApiError(
-            413,
-            "too_large",
-            f"the request body is {int(declared)} bytes; the limit is {limit} bytes ([server] max_message_bytes)",
+            413, "too_large", f"the request body is {int(declared)} bytes; the limit is {limit} bytes ({source})"
         )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise ApiError(
-                413, "too_large", f"the request body exceeds the limit of {limit} bytes ([server] max_message_bytes)"
-            )
+            raise ApiError(413, "too_large", f"the request body exceeds the limit of {limit} bytes ({source})")
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def _decode(request: Request, kind: type[Any], *, empty_ok: bool = False, limit: int = 1 << 20) -> Any:
-    body = await _read_body(request, limit)
+async def _decode(
+    request: Request, kind: type[Any], *, empty_ok: bool = False, limit: int = 1 << 20, source: str = FIXED_LIMIT
+) -> Any:
+    body = await _read_body(request, limit, source)
     if not body.strip() and empty_ok:
         body = b"{}"
     try:
@@ -154,7 +157,9 @@ def build_app(supervisor: Supervisor) -> Starlette:
         return JSONResponse(await supervisor.get_session(request.path_params["id"]))
 
     async def post_message(request: Request) -> Response:
-        body = await _decode(request, PostMessage, limit=supervisor.config.server.max_message_bytes)
+        body = await _decode(
+            request, PostMessage, limit=supervisor.config.server.max_message_bytes, source=MESSAGE_LIMIT
+        )
         result = await supervisor.send_message(request.path_params["id"], body)
         return JSONResponse(result, status_code=202 if isinstance(result, Accepted) else 200)
 

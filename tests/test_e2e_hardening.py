@@ -187,3 +187,23 @@ def test_a_sighup_right_after_launch_is_a_reload_not_a_kill(tmp_path: Path) -> N
     finally:
         code = daemon.stop()
     assert code == 0, daemon.log_text()[-2000:]
+
+
+@pytest.mark.parametrize("key", ["ping_interval", "ping_timeout", "spawn_timeout"])
+def test_supervisor_timers_below_10ms_are_refused(tmp_path: Path, key: str) -> None:
+    daemon = Daemon(tmp_path, BASE + f'[supervisor]\n{key} = "0.000001ms"\n')
+    started = subprocess.run(daemon.command(), env=daemon.env, cwd=tmp_path, capture_output=True, timeout=60)
+    assert started.returncode == 2, started.stderr
+    assert f"supervisor.{key}: must be at least 10ms".encode() in started.stderr, started.stderr
+
+
+def test_the_413_of_post_sessions_names_its_real_limit(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, BASE) as daemon:
+        assert daemon.client is not None
+        big = daemon.client.post("/v1/sessions", content=b" " * ((1 << 20) + 1))
+        assert big.status_code == 413, big.text
+        message = big.json()["error"]["message"]
+        assert "1048576 bytes" in message and "1 MiB, the fixed limit of this route" in message
+        session = daemon.new_session()
+        huge = daemon.client.post(f"/v1/sessions/{session}/messages", content=b" " * (5 << 20))
+        assert huge.status_code == 413 and huge.json()["error"]["message"].endswith("([server] max_message_bytes)")
