@@ -1,5 +1,5 @@
 """``python -m agentd`` is the ``agentd`` command."""
 
-from agentd.cli import main
+from agentd.entry import main
 
 raise SystemExit(main())

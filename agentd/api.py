@@ -16,15 +16,19 @@ import anyio
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentd.obs import get_logger
 from agentd.supervisor.core import ApiError, Supervisor
 from agentd.views import Accepted, CreateSession, ErrorBody, ErrorDetail, PostMessage
 
 __all__ = ["BearerAuth", "build_app"]
+
+log = get_logger("api")
 
 SSE_KEEPALIVE_SECONDS = 15.0
 DEFAULT_PAGE = 100  # GET /v1/sessions without ?limit=
@@ -42,28 +46,36 @@ def error_response(status: int, code: str, message: str, turn: str | None = None
     return JSONResponse(ErrorBody(error=ErrorDetail(code=code, message=message, turn=turn)), status_code=status)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+def _is_number(text: str) -> bool:
+    """ASCII digits only: ``"²".isdigit()`` is true, yet ``int("²")`` raises."""
+    return text.isascii() and text.isdigit()
+
+
+#: Where a body limit comes from, as a 413 names it.
+MESSAGE_LIMIT = "[server] max_message_bytes"
+FIXED_LIMIT = "1 MiB, the fixed limit of this route; [server] max_message_bytes is for messages"
+
+
+async def _read_body(request: Request, limit: int, source: str = FIXED_LIMIT) -> bytes:
     """The request body, refused with 413 as soon as it is known to exceed ``limit`` (never read whole)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and _is_number(declared) and int(declared) > limit:
         raise ApiError(
-            413,
-            "too_large",
-            f"the request body is {int(declared)} bytes; the limit is {limit} bytes ([server] max_message_bytes)",
+            413, "too_large", f"the request body is {int(declared)} bytes; the limit is {limit} bytes ({source})"
         )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise ApiError(
-                413, "too_large", f"the request body exceeds the limit of {limit} bytes ([server] max_message_bytes)"
-            )
+            raise ApiError(413, "too_large", f"the request body exceeds the limit of {limit} bytes ({source})")
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def _decode(request: Request, kind: type[Any], *, empty_ok: bool = False, limit: int = 1 << 20) -> Any:
-    body = await _read_body(request, limit)
+async def _decode(
+    request: Request, kind: type[Any], *, empty_ok: bool = False, limit: int = 1 << 20, source: str = FIXED_LIMIT
+) -> Any:
+    body = await _read_body(request, limit, source)
     if not body.strip() and empty_ok:
         body = b"{}"
     try:
@@ -136,7 +148,7 @@ def build_app(supervisor: Supervisor) -> Starlette:
 
     async def list_sessions(request: Request) -> Response:
         limit_text = request.query_params.get("limit", str(DEFAULT_PAGE))
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+        if not _is_number(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
             raise ApiError(400, "bad_limit", f"limit must be a whole number from 1 to {MAX_PAGE}, not {limit_text!r}")
         after = request.query_params.get("after") or None
         return JSONResponse(await supervisor.list_sessions(limit=int(limit_text), after=after))
@@ -145,7 +157,9 @@ def build_app(supervisor: Supervisor) -> Starlette:
         return JSONResponse(await supervisor.get_session(request.path_params["id"]))
 
     async def post_message(request: Request) -> Response:
-        body = await _decode(request, PostMessage, limit=supervisor.config.server.max_message_bytes)
+        body = await _decode(
+            request, PostMessage, limit=supervisor.config.server.max_message_bytes, source=MESSAGE_LIMIT
+        )
         result = await supervisor.send_message(request.path_params["id"], body)
         return JSONResponse(result, status_code=202 if isinstance(result, Accepted) else 200)
 
@@ -209,7 +223,48 @@ def build_app(supervisor: Supervisor) -> Starlette:
         Route("/v1/sessions/{id}/cancel", cancel, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={ApiError: on_api_error, HTTPException: on_http_error})
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(CatchAll)],
+        exception_handlers={ApiError: on_api_error, HTTPException: on_http_error},
+    )
+
+
+class CatchAll:
+    """ASGI middleware: an unexpected exception in a route is a JSON 500 ``internal`` and one
+    ``api.internal_error`` log line (its type, message and where it was raised), never a plain-text
+    500 or a traceback on stderr. A response already started (an event stream) is just ended."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            frame = exc.__traceback__
+            while frame is not None and frame.tb_next is not None:
+                frame = frame.tb_next
+            where = f"{frame.tb_frame.f_code.co_filename}:{frame.tb_lineno}" if frame is not None else None
+            log.error(
+                "api.internal_error",
+                method=scope.get("method"),
+                path=scope.get("path"),
+                error_type=type(exc).__name__,
+                error=" ".join(str(exc).split()),
+                where=where,
+            )
+            if scope["type"] == "http" and not started:
+                message = f"internal error ({type(exc).__name__}); the daemon's log has it (api.internal_error)"
+                await error_response(500, "internal", message)(scope, receive, send)
 
 
 #: Probes answered on TCP without a token: an orchestrator's HTTP probe cannot read a Secret.

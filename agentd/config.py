@@ -493,6 +493,23 @@ def store_url_problem(url: str) -> str | None:
     return None
 
 
+#: The shortest supervisor timer: a shorter ping interval would spin a core pinging children, and
+#: a shorter timeout or spawn could never be met.
+MIN_SUPERVISOR_TIMER = 0.01
+_SUPERVISOR_TIMERS = ("spawn_timeout", "ping_interval", "ping_timeout")
+
+
+def _supervisor_issues(supervisor: SupervisorSettings) -> list[ConfigIssue]:
+    return [
+        ConfigIssue(
+            f"supervisor.{key}",
+            f"must be at least {MIN_SUPERVISOR_TIMER * 1000:g}ms, got {getattr(supervisor, key) * 1000:g}ms",
+        )
+        for key in _SUPERVISOR_TIMERS
+        if getattr(supervisor, key) < MIN_SUPERVISOR_TIMER
+    ]
+
+
 def _store_issues(store: StoreSettings) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     problem = store_url_problem(store.url)
@@ -509,6 +526,7 @@ def _store_issues(store: StoreSettings) -> list[ConfigIssue]:
 
 def _semantic_issues(config: Config) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = _listen_issues(config.server.listen) + _store_issues(config.store)
+    issues.extend(_supervisor_issues(config.supervisor))
     issues.extend(_mcp_server_issues(config.mcp_servers))
     names = [a.name for a in config.assistants]
     if not config.assistants:

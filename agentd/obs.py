@@ -41,6 +41,37 @@ def configure_logging(
     structlog.contextvars.clear_contextvars()
     if context:
         structlog.contextvars.bind_contextvars(**context)
+    _route_stdlib_logging()
+
+
+class _StdlibLogs(logging.Handler):
+    """Records of the standard ``logging`` module (uvicorn's ``uvicorn.error``, libraries) as one
+    structured ``stdlib.log`` line each — never Python's plain-text last-resort output, never a
+    multi-line traceback: an exception is its type and message."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields: dict[str, object] = {"logger": record.name, "message": " ".join(record.getMessage().split())}
+            if record.exc_info and record.exc_info[1] is not None:
+                exc = record.exc_info[1]
+                fields["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            level = record.levelname.lower()
+            logger = get_logger("stdlib")
+            getattr(logger, level if level in ("debug", "info", "warning", "error", "critical") else "warning")(
+                "stdlib.log", **fields
+            )
+        except Exception:
+            self.handleError(record)
+
+
+def _route_stdlib_logging() -> None:
+    root = logging.getLogger()
+    if not any(isinstance(handler, _StdlibLogs) for handler in root.handlers):
+        root.addHandler(_StdlibLogs())
+    if root.level == logging.NOTSET or root.level > logging.WARNING:
+        root.setLevel(logging.WARNING)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi"):
+        logging.getLogger(name).propagate = True  # to the root handler above (log_config=None)
 
 
 def get_logger(component: str) -> structlog.typing.FilteringBoundLogger:

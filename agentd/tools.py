@@ -156,8 +156,12 @@ def resolve_tool(ref: str) -> Tool:
     module_name, _, attr = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ToolError(f"tool {ref!r}: cannot import module {module_name!r}: {exc}") from None
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as exc:  # sys.exit() at import: it must never end the process that resolves it
+        raise ToolError(f"tool {ref!r}: importing module {module_name!r} called sys.exit({exc.code!r})") from None
+    except BaseException as exc:  # any exception class a module defines, even one outside Exception
+        raise ToolError(f"tool {ref!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ToolError(f"tool {ref!r}: module {module_name!r} has no callable {attr!r}")

@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 
@@ -37,18 +38,41 @@ from agentd.config import (
     ConfigIssue,
     SupervisorSettings,
     SwapPolicy,
+    effective_intelligence,
     parse_config,
     read_config_text,
 )
 from agentd.environment import child_environment
 from agentd.mcp import is_mcp_ref
 
-__all__ = ["resolve_tool_lists", "tool_issues", "validate_config_file"]
+__all__ = ["abort_tool_checks", "resolve_tool_lists", "tool_issues", "validate_config_file"]
 
 #: Left over after a timed-out check was killed: how long its output may take to arrive.
 _AFTER_KILL_SECONDS = 2.0
 #: The environment variable the daemon never passes to children (nor to the tool check).
 _TOKEN_ENV = "AGENTD_API_TOKEN"
+
+#: The tool checks running now (a reload's, on a worker thread): shutdown kills them, so a reload it
+#: abandons never keeps the process alive until its check ends (RFC 0003 §5).
+_checks: set[subprocess.Popen[bytes]] = set()
+_checks_lock = threading.Lock()
+_aborted = False
+
+
+def _checks_aborted() -> bool:
+    with _checks_lock:
+        return _aborted
+
+
+def abort_tool_checks() -> None:
+    """Kill every running tool check with its process group and refuse new ones (the daemon stops)."""
+    global _aborted
+    with _checks_lock:
+        _aborted = True
+        running = list(_checks)
+    for process in running:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def validate_config_file(
@@ -68,7 +92,7 @@ def validate_config_file(
     config: Config | None
     try:
         config = parse_config(text, str(path))
-        issues: list[ConfigIssue] = []
+        issues: list[ConfigIssue] = _option_issues(config)
         tool_lists = [list(a.tools) for a in config.assistants]
         servers = [server.name for server in config.mcp_servers]
         timeout = config.supervisor.spawn_timeout
@@ -125,6 +149,22 @@ def _raw_server_names(text: str) -> list[str]:
     return [s["name"] for s in servers if isinstance(s, dict) and isinstance(s.get("name"), str)]
 
 
+def _option_issues(config: Config) -> list[ConfigIssue]:
+    """Provider options a provider cannot take (``agentd.intel.options``), at the table that set
+    them: an assistant's own ``intelligence.options``, else the default ``[intelligence]``."""
+    from agentd.intel.options import option_errors
+
+    issues: dict[str, ConfigIssue] = {}
+    for i, assistant in enumerate(config.assistants):
+        effective = effective_intelligence(config, assistant.name)
+        own = assistant.intelligence.options if assistant.intelligence is not None else None
+        for key, message in option_errors(effective.provider, effective.options):
+            where = f"assistants[{i}].intelligence" if own is not None and key in own else "intelligence"
+            field = f"{where}.options.{key}"
+            issues.setdefault(field, ConfigIssue(field, f"invalid {effective.provider} option: {message}"))
+    return list(issues.values())
+
+
 def _frame_issues(config: Config) -> list[ConfigIssue]:
     """The config as a child receives it, encoded: what could not be sent is an issue now, not a
     failed fan-out after the reload was applied. (The schema bounds every value; this is the proof.)"""
@@ -156,14 +196,19 @@ def tool_issues(
         return [ConfigIssue(f"assistants[{i}].tools", message) for i, message in resolve_tool_lists(tool_lists)]
     env = dict(os.environ if environ is None else environ)
     env.pop(_TOKEN_ENV, None)
-    process = subprocess.Popen(
-        [sys.executable, "-P", "-m", "agentd.validate"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,  # its own process group: a timeout kills whatever a tool's import started
-    )
+    aborted = "not resolved: the daemon is shutting down"
+    with _checks_lock:
+        if _aborted:
+            return _issues_from(b"", tool_lists, aborted)
+        process = subprocess.Popen(
+            [sys.executable, "-P", "-m", "agentd.validate"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # its own process group: a timeout kills whatever a tool's import started
+        )
+        _checks.add(process)
     request = json.dumps([list(refs) for refs in tool_lists]).encode()
     try:
         out, err = process.communicate(request, timeout=timeout)
@@ -171,12 +216,16 @@ def tool_issues(
         out, _ = _kill(process)
         stopped = f"not resolved within {timeout:g}s (supervisor.spawn_timeout); a child could not start with it"
         return _issues_from(out, tool_lists, stopped)
-    if process.returncode == 0:
-        return _issues_from(out, tool_lists, None)
-    # A tool's import that exits the process (sys.exit, os._exit, a crash) would end a child's start-up too.
+    finally:
+        with _checks_lock:
+            _checks.discard(process)
+    if _checks_aborted():  # killed by shutdown: say so rather than "ended the process (-9)"
+        return _issues_from(out, tool_lists, aborted)
+    # A tool's import that exits the process (sys.exit, os._exit, a crash) would end a child's start-up
+    # too — even with exit status 0 (``os._exit(0)`` cannot be caught): every ref must have been reported.
     last = err.decode("utf-8", "replace").strip().splitlines()[-1:]
     stopped = f"importing it ended the process (exit status {process.returncode})" + (f": {last[0]}" if last else "")
-    return _issues_from(out, tool_lists, stopped)
+    return _issues_from(out, tool_lists, stopped, only_if_unreported=process.returncode == 0)
 
 
 def _kill(process: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
@@ -189,9 +238,12 @@ def _kill(process: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
         return b"", b""
 
 
-def _issues_from(out: bytes, tool_lists: Sequence[Sequence[str]], stopped: str | None) -> list[ConfigIssue]:
+def _issues_from(
+    out: bytes, tool_lists: Sequence[Sequence[str]], stopped: str | None, *, only_if_unreported: bool = False
+) -> list[ConfigIssue]:
     """The check's report (one JSON line per ref resolved) → issues. When the check was ``stopped``
-    (timed out, or its process ended), the first ref without a line is the one it stopped at."""
+    (timed out, or its process ended), the first ref without a line is the one it stopped at; with
+    ``only_if_unreported`` (it exited 0), that is an issue only if some ref has no line."""
     issues: list[ConfigIssue] = []
     seen: set[tuple[int, int]] = set()
     for line in out.decode("utf-8", "replace").splitlines():
@@ -205,6 +257,8 @@ def _issues_from(out: bytes, tool_lists: Sequence[Sequence[str]], stopped: str |
             issues.append(ConfigIssue(f"assistants[{i}].tools", str(error)))
     if stopped is not None:
         pending = [(i, k) for i, refs in enumerate(tool_lists) for k in range(len(refs) + 1) if (i, k) not in seen]
+        if only_if_unreported and not pending:
+            return issues
         i, k = pending[0] if pending else (0, 0)
         what = f"tool {tool_lists[i][k]!r}" if i < len(tool_lists) and k < len(tool_lists[i]) else "the tools"
         issues.append(ConfigIssue(f"assistants[{i}].tools", f"{what}: {stopped}"))
@@ -230,7 +284,9 @@ def resolve_tool_lists(
                 resolve_tool(ref)
             except ToolError as exc:
                 error = str(exc)
-            except Exception as exc:  # e.g. a function whose signature cannot be described to a model
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # e.g. a signature that cannot be described; never SystemExit out
                 error = f"tool {ref!r}: {type(exc).__name__}: {exc}"
             if error is not None:
                 failures.append((i, error))

@@ -200,7 +200,9 @@ class ChildRuntime:
         for assistant in config.assistants:
             try:
                 toolboxes[assistant.name] = build_toolbox(assistant, config)
-            except Exception as exc:  # validated by the supervisor first; never take the child down
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # validated by the supervisor first; never take the child down
                 log.error("child.tools_unresolved", child=self.child_id, assistant=assistant.name, error=str(exc))
         self.toolboxes = toolboxes
         if self.hub is not None:  # servers changed or dropped: their old connections close once unused
@@ -224,6 +226,11 @@ class ChildRuntime:
             )
         except KeyError:
             await self.send(Failed(session=frame.session, error=f"unknown assistant {frame.assistant!r}"))
+            return
+        except Exception as exc:  # a provider it cannot build (validation refuses its options first)
+            intelligence = self.intelligence[frame.assistant]
+            error = f"cannot build the {intelligence.provider} provider for assistant {frame.assistant!r}: {exc}"
+            await self.send(Failed(session=frame.session, error=error))
             return
         self.sessions[frame.session] = session
         toolbox = self.toolboxes.get(frame.assistant)

@@ -14,16 +14,34 @@ import anyio
 
 from agentd import events
 from agentd.config import Assistant, Config, Intelligence, Limits, SwapPolicy
-from agentd.intel import Provider, build_provider
+from agentd.intel import Completion, CompletionRequest, IntelError, Provider, build_provider
+from agentd.intel.base import IntelErrorKind
 from agentd.messages import Message
 from agentd.obs import get_logger
 from agentd.protocol import Event, Frame, SwapApplied, SwapIntel, SwapKind
 from agentd.swap import classify_swap, restart_due
 
-__all__ = ["ChildSession", "SendFrame"]
+__all__ = ["ChildSession", "SendFrame", "UnbuildableProvider"]
 
 SendFrame = Callable[[Frame], Awaitable[None]]
 log = get_logger("child")
+
+
+class UnbuildableProvider:
+    """Stands in for a provider that could not be built: every call fails with why (a request
+    error, so the turn ends ``failed`` with that error instead of waiting)."""
+
+    failing = False
+
+    def __init__(self, intelligence: Intelligence, error: str) -> None:
+        self.intelligence = intelligence
+        self.error = error
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        raise IntelError(IntelErrorKind.REQUEST, self.error)
+
+    async def aclose(self) -> None:
+        return None
 
 
 class ChildSession:
@@ -205,8 +223,14 @@ class ChildSession:
             await self.replace_provider()
 
     async def replace_provider(self) -> None:
-        """A fresh client for the current intelligence (fresh endpoint health)."""
-        old, self.provider = self.provider, build_provider(self.current_intelligence)
+        """A fresh client for the current intelligence (fresh endpoint health). One that cannot be
+        built (options it cannot take) fails each model call with why, never the child."""
+        intelligence = self.current_intelligence
+        try:
+            provider: Provider = build_provider(intelligence)
+        except Exception as exc:  # validation refuses such options first; never take the child down
+            provider = UnbuildableProvider(intelligence, f"cannot build the {intelligence.provider} provider: {exc}")
+        old, self.provider = self.provider, provider
         self.provider_stale = False
         with anyio.CancelScope(shield=True):
             await old.aclose()

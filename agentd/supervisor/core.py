@@ -276,7 +276,8 @@ class Supervisor:
     async def _reload(self) -> ReloadResult:
         path = self.options.config_path
         try:
-            new = await anyio.to_thread.run_sync(load_daemon_config, path)
+            # Abandoned when shutdown cancels the reload; shutdown also kills its tool check.
+            new = await anyio.to_thread.run_sync(load_daemon_config, path, abandon_on_cancel=True)
             policy = resolve_swap_policy(self.options.model_swap_flag, os.environ, new.model_swap)
         except ConfigError as exc:
             result = ReloadResult(generation=self.generation, applied=False, errors=exc.issues)

@@ -36,6 +36,7 @@ from agentd.store import StoreError, open_store
 from agentd.supervisor.core import Supervisor, load_daemon_config
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.systemd import notify
+from agentd.validate import abort_tool_checks
 
 __all__ = ["EXIT_CONFIG", "EXIT_RUNTIME", "run_daemon"]
 
@@ -144,9 +145,13 @@ class EarlySignals:
     SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
+        from agentd import entry
+
         self.received: list[int] = []
         for signum in self.SIGNALS:
             signal.signal(signum, self._remember)
+        # What arrived before this, from the launch on (the entry point's handler), comes first.
+        self.received[:0] = entry.take()
 
     def _remember(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
@@ -294,6 +299,7 @@ async def _handle_signals(
 
     async def shutdown() -> None:
         notify("STOPPING=1")
+        abort_tool_checks()  # a reload's tool check must not hold the exit (the reload is rejected)
         clean = await supervisor.drain(supervisor.config.supervisor.stop_grace)
         await supervisor.stop()
         result["code"] = 0 if clean else EXIT_RUNTIME
@@ -323,6 +329,7 @@ async def _handle_signals(
                 tg.start_soon(shutdown)
             else:
                 log.warning("supervisor.signal", signal=signal.Signals(signum).name, action="force")
+                abort_tool_checks()
                 supervisor.draining = True
                 await supervisor.stop()
                 result["code"] = EXIT_RUNTIME
