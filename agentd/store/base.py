@@ -41,6 +41,7 @@ __all__ = [
     "CommittedTurn",
     "Lease",
     "LeaseLost",
+    "ReplicaRow",
     "Store",
     "StoreError",
     "StoreUnavailable",
@@ -133,6 +134,16 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     replica: str
     token: int
     expires_at: float
+
+
+class ReplicaRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica as the registry has it (RFC 0009 §7): its config generation, how many sessions it
+    owned at its last beat, and when that was (epoch seconds by the store's clock)."""
+
+    id: str
+    generation: int
+    sessions: int
+    seen_at: float
 
 
 class Store(abc.ABC):
@@ -364,3 +375,14 @@ class Store(abc.ABC):
 
         UnknownSession if the session is unknown.
         """
+
+    # ------------------------------------------------------------------ the replica registry (RFC 0009 §7)
+
+    @abc.abstractmethod
+    async def beat(self, replica: str, *, generation: int, sessions: int) -> ReplicaRow:
+        """Record that ``replica`` is alive now, running ``generation`` and owning ``sessions``
+        sessions (its row is created or replaced); the row as stored, ``seen_at`` by the store's clock."""
+
+    @abc.abstractmethod
+    async def live_replicas(self, max_age: float) -> list[ReplicaRow]:
+        """The replicas that beat within the last ``max_age`` seconds (by the store's clock), by id."""

@@ -46,6 +46,7 @@ from agentd.store.base import (
     CommittedTurn,
     Lease,
     LeaseLost,
+    ReplicaRow,
     Store,
     StoredEntry,
     StoredSession,
@@ -632,6 +633,37 @@ class PostgresStore(Store):
             return Lease(session=session_id, replica=row["owner"], token=row["fence"], expires_at=row["lease_expires"])
 
         return await self._read(f"read the lease of session {session_id}", op)
+
+    # ------------------------------------------------------------------ the replica registry
+
+    async def beat(self, replica: str, *, generation: int, sessions: int) -> ReplicaRow:
+        codec.check_replica(replica, f"cannot record replica {replica}")
+
+        async def op(conn: Conn) -> ReplicaRow:
+            row = await _fetchone(
+                conn,
+                "INSERT INTO replicas (id, generation, sessions, seen_at)"
+                f" VALUES (%(id)s, %(generation)s, %(sessions)s, {_NOW})"
+                " ON CONFLICT (id) DO UPDATE SET generation = EXCLUDED.generation,"
+                " sessions = EXCLUDED.sessions, seen_at = EXCLUDED.seen_at"
+                " RETURNING id, generation, sessions, seen_at",
+                {"id": replica, "generation": generation, "sessions": sessions},
+            )
+            assert row is not None
+            return ReplicaRow(**row)
+
+        return await self._write(f"record replica {replica}", op)
+
+    async def live_replicas(self, max_age: float) -> list[ReplicaRow]:
+        async def op(conn: Conn) -> list[ReplicaRow]:
+            rows = await _fetchall(
+                conn,
+                f"SELECT id, generation, sessions, seen_at FROM replicas WHERE seen_at > {_NOW} - %s ORDER BY id",
+                (float(max_age),),
+            )
+            return [ReplicaRow(**row) for row in rows]
+
+        return await self._read("read the live replicas", op)
 
     # ------------------------------------------------------------------ plumbing
 

@@ -42,6 +42,7 @@ from agentd.supervisor.child import Child
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.reload import ReloadCoordinator, plan_reload, sessions_to_swap
+from agentd.supervisor.replica import heartbeat_interval, registry_max_age, replica_id
 from agentd.supervisor.runner import TurnRunner
 from agentd.supervisor.session import EventItem, PendingTurn, SessionRuntime
 from agentd.swap import classify_swap
@@ -53,6 +54,7 @@ from agentd.views import (
     PolicyView,
     PostMessage,
     ReloadResult,
+    ReplicaView,
     SessionCounts,
     SessionSummary,
     SessionView,
@@ -117,6 +119,10 @@ class Supervisor:
         self.policy = policy
         self.generation = 1
         self.store = store
+        self.replica = replica_id()
+        # Leases are taken on a shared database only: on SQLite one daemon owns the state dir.
+        self.shared_store = bool(config.store.url)
+        self.lease_time = config.store.lease  # restart-only, like the store itself
         self.metrics = Metrics()
         self.metrics.generation.set(1)
         self.sessions: dict[str, SessionRuntime] = {}
@@ -150,7 +156,26 @@ class Supervisor:
         self._tg = tg
         await tg.start(self.pool.run)
         self.runner.attach(self.pool, tg)
+        await self._beat()
+        tg.start_soon(self._heartbeat)
         tg.start_soon(self._resume_interrupted)
+
+    async def _heartbeat(self) -> None:
+        """Every ``lease / 3``: renew this replica's leases and record it in the registry."""
+        while True:
+            await anyio.sleep(heartbeat_interval(self.lease_time))
+            await self._beat()
+
+    async def _beat(self) -> None:
+        try:
+            await self.store.beat(self.replica, generation=self.generation, sessions=self._owned_sessions())
+        except StoreError as exc:
+            log.warning("replica.beat_failed", replica=self.replica, error=str(exc))
+
+    def _owned_sessions(self) -> int:
+        """How many sessions this replica owns: those it holds a lease on (a shared store), else
+        the hot ones (SQLite: this daemon owns every session; the hot ones are those it acts for now)."""
+        return len(self.sessions)
 
     async def _resume_interrupted(self) -> None:
         try:
@@ -454,7 +479,13 @@ class Supervisor:
             children=children,
             sessions=sessions,
             draining=self.draining,
+            replica=self.replica,
+            replicas=await self._live_replicas(),
         )
+
+    async def _live_replicas(self) -> list[ReplicaView]:
+        rows = await self._store_or_503(self.store.live_replicas(registry_max_age(self.lease_time)))
+        return [ReplicaView(id=r.id, generation=r.generation, sessions=r.sessions, seen_at=r.seen_at) for r in rows]
 
     async def metrics_text(self) -> bytes:
         """Prometheus exposition, with the gauges read fresh."""
