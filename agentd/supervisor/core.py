@@ -36,13 +36,19 @@ from agentd.environment import child_environment, mcp_secrets, passed_through
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
 from agentd.protocol import Cancel, ChildEnv, Spawn, SwapIntel, Watch
-from agentd.records import SessionState
-from agentd.store import Store, StoredSession, StoreError, StoreUnavailable, UnknownSession
+from agentd.records import SessionState, StartedTurn, TurnRecord
+from agentd.store import Lease, Store, StoredSession, StoreError, StoreUnavailable, UnknownSession
 from agentd.supervisor.child import Child
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.reload import ReloadCoordinator, plan_reload, sessions_to_swap
-from agentd.supervisor.replica import heartbeat_interval, registry_max_age, replica_id
+from agentd.supervisor.replica import (
+    heartbeat_interval,
+    loaded_copy_is_current,
+    registry_max_age,
+    replica_id,
+    scan_interval,
+)
 from agentd.supervisor.runner import TurnRunner
 from agentd.supervisor.session import EventItem, PendingTurn, SessionRuntime
 from agentd.swap import classify_swap
@@ -72,6 +78,8 @@ T = TypeVar("T")
 RESUME_CONCURRENCY = 16
 #: ``swapped_sessions`` of a reload result lists at most this many ids; ``swapped_total`` counts them all.
 SWAPPED_LIST_MAX = 100
+#: How often a ``wait`` for a turn that another replica runs looks at the store (seconds).
+ELSEWHERE_POLL = 0.1
 
 
 class ApiError(Exception):
@@ -158,13 +166,34 @@ class Supervisor:
         self.runner.attach(self.pool, tg)
         await self._beat()
         tg.start_soon(self._heartbeat)
-        tg.start_soon(self._resume_interrupted)
+        if self.shared_store:  # other replicas may be running pending turns: take only the orphaned ones
+            tg.start_soon(self._failover_scan)
+        else:
+            tg.start_soon(self._resume_interrupted)
 
     async def _heartbeat(self) -> None:
         """Every ``lease / 3``: renew this replica's leases and record it in the registry."""
         while True:
             await anyio.sleep(heartbeat_interval(self.lease_time))
+            if self.shared_store:
+                await self._renew()
             await self._beat()
+
+    async def _renew(self) -> None:
+        """Extend every lease this replica holds; a session missing from the answer was taken over."""
+        try:
+            held = await self.store.renew(self.replica, self.lease_time)
+        except StoreError as exc:
+            log.warning("replica.renew_failed", replica=self.replica, error=str(exc))
+            return
+        for runtime in list(self.sessions.values()):
+            if runtime.lease is None:
+                continue
+            lease = held.get(runtime.id)
+            if lease is not None and lease.token == runtime.lease.token:
+                runtime.lease = lease
+            elif lease is None and runtime.pending is not None:  # no longer ours: stop acting for it
+                await self.runner.lease_lost(runtime, "the heartbeat found the lease held by another replica")
 
     async def _beat(self) -> None:
         try:
@@ -175,7 +204,94 @@ class Supervisor:
     def _owned_sessions(self) -> int:
         """How many sessions this replica owns: those it holds a lease on (a shared store), else
         the hot ones (SQLite: this daemon owns every session; the hot ones are those it acts for now)."""
+        if self.shared_store:
+            return sum(1 for r in self.sessions.values() if r.lease is not None and r.pending is not None)
         return len(self.sessions)
+
+    async def _claim(self, runtime: SessionRuntime) -> Lease | None:
+        """Claim the session's lease before running its turn; None while another replica holds it.
+
+        A session that another replica held since this one last did is reloaded from the store:
+        the copy loaded on a child here (and the runtime's assistant and model) may be stale.
+        """
+        try:
+            lease = await self.store.claim(runtime.id, self.replica, self.lease_time)
+        except StoreError as exc:
+            log.warning("session.claim_failed", session=runtime.id, error=str(exc))
+            return None
+        if lease is not None:
+            await self._take(runtime, lease)
+        return lease
+
+    async def _take(self, runtime: SessionRuntime, lease: Lease) -> None:
+        """Adopt ``lease`` for ``runtime``; refresh what may be stale if another replica held it since."""
+        if not loaded_copy_is_current(runtime.last_token, lease.token):
+            runtime.child = None
+            await self.pool.unload(runtime.id)
+            stored = await self.store.session_summary(runtime.id)
+            if stored is not None:
+                runtime.assistant = stored.assistant
+                runtime.model = self.model_of(stored.assistant, stored.model)
+                runtime.generation = self.generation
+        runtime.lease, runtime.last_token = lease, lease.token
+
+    async def _failover_scan(self) -> None:
+        """Every ``lease / 2`` (the first at once): claim orphaned sessions and re-run their turns.
+
+        An orphaned session has a pending turn and no live lease: its replica died (kill -9),
+        stopped (a drain released it) or was partitioned past its lease. The journal keeps a tool
+        that had run from running again.
+        """
+        while True:
+            if not self.draining:
+                try:
+                    claimed = await self.store.claim_orphaned(self.replica, self.lease_time)
+                except StoreError as exc:
+                    log.warning("replica.scan_failed", replica=self.replica, error=str(exc))
+                    claimed = []
+                for lease in claimed:
+                    await self._adopt_orphan(lease)
+            await anyio.sleep(scan_interval(self.lease_time))
+
+    async def _adopt_orphan(self, lease: Lease) -> None:
+        """Run the pending turn of a session just claimed by the failover scan."""
+        try:
+            stored = await self.store.session_summary(lease.session)
+            started = await self.store.pending_turn(lease.session)
+        except StoreError as exc:
+            log.warning("session.adopt_failed", session=lease.session, error=str(exc))
+            return
+        runtime = self.sessions.get(lease.session)
+        if stored is None or started is None or (runtime is not None and runtime.pending is not None):
+            await self._store_quietly(self.store.release(lease))  # ended meanwhile: nothing to run
+            return
+        runtime = self.sessions.setdefault(stored.id, self._runtime_from_row(stored))
+        await self._take(runtime, lease)
+        log.info(events.LOG_SESSION_ADOPTED, session=stored.id, turn=started.id, token=lease.token)
+        queued = await self._register_interrupted(runtime, stored, started)
+        if queued is not None:
+            self.runner.start(runtime, queued)
+
+    async def _register_interrupted(
+        self, runtime: SessionRuntime, stored: StoredSession, started: StartedTurn
+    ) -> PendingTurn | None:
+        """Register an interrupted turn on its runtime; the turn to drive, or None if it ended now."""
+        # A restart (or failover) is not the turn's fault: its deadline starts again now.
+        turn = PendingTurn(
+            id=started.id, message=started.message, started_at=started.started_at, budget_start=time.time()
+        )
+        runtime.pending = turn
+        if stored.state == "failed":  # it failed before the restart: its turn ends as it would have
+            await self.runner.end_without_result(runtime, turn, TurnStatus.FAILED, "the session had failed")
+            return None
+        runtime.state = "running"
+        return turn
+
+    async def _store_quietly(self, call: Awaitable[object]) -> None:
+        try:
+            await call
+        except StoreError as exc:
+            log.warning("supervisor.store_failed", error=str(exc))
 
     async def _resume_interrupted(self) -> None:
         try:
@@ -192,16 +308,9 @@ class Supervisor:
             runtime = self.sessions.setdefault(stored.id, self._runtime_from_row(stored))
             if runtime.pending is not None:
                 continue
-            # A daemon restart is not the turn's fault: its deadline starts again now.
-            turn = PendingTurn(
-                id=started.id, message=started.message, started_at=started.started_at, budget_start=time.time()
-            )
-            runtime.pending = turn
-            if stored.state == "failed":  # it failed before the restart: its turn ends as it would have
-                await self.runner.end_without_result(runtime, turn, TurnStatus.FAILED, "the session had failed")
-                continue
-            runtime.state = "running"
-            queued.append((runtime, turn))
+            turn = await self._register_interrupted(runtime, stored, started)
+            if turn is not None:
+                queued.append((runtime, turn))
 
         async def resume(runtime: SessionRuntime, turn: PendingTurn) -> None:
             async with limiter:
@@ -229,6 +338,17 @@ class Supervisor:
         await self.pool.stop(grace=0)
         for runtime in list(self.sessions.values()):
             runtime.close_subscribers()
+        await self._release_all()
+
+    async def _release_all(self) -> None:
+        """A stopping replica gives up its leases (turns cut by the stop): another replica's scan
+        claims them at once instead of after the lease."""
+        with anyio.CancelScope(shield=True):
+            for runtime in list(self.sessions.values()):
+                lease, runtime.lease = runtime.lease, None
+                if lease is not None:
+                    await self._store_quietly(self.store.release(lease))
+                    log.info(events.LOG_SESSION_RELEASED, session=runtime.id, token=lease.token)
 
     def _running_turns(self) -> int:
         return sum(1 for r in self.sessions.values() if r.pending is not None and r.pending.cut is None)
@@ -545,7 +665,10 @@ class Supervisor:
                 session_id, SessionRuntime(session_id, name, "idle", self.generation, model)
             )
             turn = await self._start_turn(runtime, None)
-            await turn.done.wait()
+            if turn.elsewhere:
+                await self._wait_elsewhere(session_id, turn.id)
+            else:
+                await turn.done.wait()
         return await self.get_session(session_id)
 
     async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]:
@@ -645,6 +768,8 @@ class Supervisor:
         turn = await self._start_turn(runtime, message, durable=not body.wait)
         if not body.wait:
             return Accepted(turn_id=turn_id)
+        if turn.elsewhere:
+            return await self._wait_elsewhere(runtime.id, turn.id)
         await turn.done.wait()
         return self._turn_result(turn)
 
@@ -667,8 +792,37 @@ class Supervisor:
             except StoreError as exc:
                 runtime.pending, runtime.state = None, "idle"
                 raise ApiError(409, "turn_refused", str(exc)) from None
+            if self.shared_store and await self._claim(runtime) is None:
+                # Another replica holds the session (its previous turn is ending, or its failover
+                # scan took this one): the turn is stored, and the holder or the scan runs it.
+                runtime.pending, runtime.state, turn.elsewhere = None, "idle", True
+                log.info(events.LOG_SESSION_ELSEWHERE, session=runtime.id, turn=turn.id)
+                self.runner.evict_if_cold(runtime)
+                return turn
         self.runner.start(runtime, turn)
         return turn
+
+    async def _wait_elsewhere(self, session_id: str, turn_id: str) -> MessageResult:
+        """``wait`` for a turn another replica runs: poll the store until the turn has ended there."""
+        bound = self.config.limits.deadline + 3 * self.lease_time + 10.0
+        with anyio.move_on_after(bound):
+            while True:
+                pending = await self._store_or_503(self.store.pending_turn(session_id))
+                if pending is None or pending.id != turn_id:
+                    break
+                await anyio.sleep(ELSEWHERE_POLL)
+        stored = await self._store_or_503(self.store.load_session(session_id))
+        record = next((t for t in stored.turns if t.id == turn_id), None) if stored is not None else None
+        if stored is None or not isinstance(record, TurnRecord):
+            raise ApiError(
+                503, "turn_elsewhere", f"turn {turn_id} runs on another replica and has not ended yet", turn=turn_id
+            )
+        entries = [
+            entry_from_message(e.seq, e.message)
+            for e in stored.transcript
+            if e.message.turn == turn_id and not isinstance(e.message, UserMessage)
+        ]
+        return MessageResult(turn=turn_view(record), messages=entries)
 
     def _turn_result(self, turn: PendingTurn) -> MessageResult:
         if turn.record is None:  # stopped without ending: the daemon is shutting down
