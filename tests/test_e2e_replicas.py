@@ -27,12 +27,14 @@ ONE_CHILD = "children = 1\nspare_children = 0"
 
 
 @contextlib.contextmanager
-def replicas(tmp: Path, pg: PgServer, count: int) -> Iterator[tuple[list[Daemon], Path]]:
+def replicas(
+    tmp: Path, pg: PgServer, count: int, *, supervisor: str = ONE_CHILD, lease: str = LEASE
+) -> Iterator[tuple[list[Daemon], Path]]:
     """``count`` replicas on one new database (lease 2s); they and the hold file they share."""
     hold = tmp / "hold"
     with pg.database() as url:
-        top = f'[store]\nurl = "{url}"\nlease = "{LEASE}"\n'
-        config = two_assistant_config(hold, top=top, supervisor=ONE_CHILD)
+        top = f'[store]\nurl = "{url}"\nlease = "{lease}"\n'
+        config = two_assistant_config(hold, top=top, supervisor=supervisor)
         started: list[Daemon] = []
         try:
             for index in range(count):
@@ -135,3 +137,20 @@ def test_a_paused_replica_past_its_lease_cannot_commit_after_it_resumes(tmp_path
         assert [t["status"] for t in a.session(session)["turns"]] == ["completed"]
         assert a.send(session, "a again")["turn"]["status"] == "completed"  # a serves it again, reloaded
         assert len(answers(b, session, a.session(session)["turns"][-1]["id"])) == 1
+
+
+def test_a_drained_replica_releases_its_leases_and_another_takes_over(tmp_path: Path, pg: PgServer) -> None:
+    # A long lease: the takeover cannot come from expiry within the test, only from the release.
+    with replicas(tmp_path, pg, 2, supervisor=ONE_CHILD + '\nstop_grace = "1s"', lease="600s") as (started, hold):
+        a, b = started
+        session = a.new_session("held")
+        turn = a.send(session, "hold this", wait=False)["turn_id"]
+        a.wait_log("session.loaded", lambda r: r.get("session") == session)
+        a.signal(signal.SIGTERM)  # the held turn outlives stop_grace: it is cut and its lease released
+        a.wait_exit()
+        [released] = a.log_events("session.released")
+        assert released["session"] == session
+        b.wait_log("session.adopted", lambda r: r.get("session") == session and r.get("turn") == turn)
+        hold.touch()
+        assert b.turn(session, turn)["status"] == "completed"
+        assert [e["content"] for e in answers(b, session, turn)] == [f"[{MODEL}] You said: hold this"]

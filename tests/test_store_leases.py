@@ -372,3 +372,28 @@ async def test_a_replica_that_stopped_beating_is_not_live(store: Store) -> None:
 async def test_a_beat_needs_a_replica_id(store: Store) -> None:
     with pytest.raises(StoreError, match="a replica id must be a non-empty string"):
         await store.beat("", generation=1, sessions=0)
+
+
+async def test_a_release_that_leaves_a_pending_turn_wakes_the_scans_of_other_replicas(
+    backend: Backend, store: Store, other: Store
+) -> None:
+    await new_session(store, pending="t1")
+    with anyio.fail_after(TIMEOUT):
+        await other.wait_for_orphans(0.01)  # nothing released: it returns after its time
+    if backend.name == "sqlite":
+        return  # one daemon owns a SQLite store: nobody else releases, the wait is a plain sleep
+    lease = await store.claim("s1", "r1", LONG)
+    assert lease is not None
+    woken = anyio.Event()
+
+    async def scan() -> None:
+        await other.wait_for_orphans(LONG)
+        woken.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scan)
+        await anyio.wait_all_tasks_blocked()  # the scan waits (its LISTEN was set up by the first wait)
+        assert await store.release(lease)
+        with anyio.fail_after(TIMEOUT):
+            await woken.wait()
+    assert [held.session for held in await other.claim_orphaned("r2", LONG)] == ["s1"]

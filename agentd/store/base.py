@@ -32,6 +32,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
+import anyio
 import msgspec
 
 from agentd.messages import Message, UserMessage
@@ -386,3 +387,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def live_replicas(self, max_age: float) -> list[ReplicaRow]:
         """The replicas that beat within the last ``max_age`` seconds (by the store's clock), by id."""
+
+    # ------------------------------------------------------------------ waking replicas (RFC 0009 §7)
+
+    async def wait_for_orphans(self, seconds: float) -> None:
+        """Wait up to ``seconds``, returning early when a replica released a session that
+        has a pending turn (one ``claim_orphaned`` can now take). The default just sleeps: with one
+        daemon on the store (SQLite) nobody else releases sessions. Never raises."""
+        await anyio.sleep(seconds)

@@ -91,6 +91,8 @@ _DISK_FULL = "53100"
 _SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 #: The database server's clock in epoch seconds: every lease time is by it.
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
+#: The channel a release that leaves a pending turn behind NOTIFYs: other replicas scan at once.
+ORPHANS_CHANNEL = "agentd_orphans"
 
 _SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_at, owner, lease_expires, fence"
 # A turn with its input message (for a pending turn, which has no record yet).
@@ -119,6 +121,7 @@ class PostgresStore(Store):
         self._location = location
         self._connect = connect  # a connection outside the pool, for when the pool has none
         self._secret = secret  # scrubbed from every error text
+        self._listener: Conn | None = None  # LISTENs for released sessions with a pending turn
         self.failure: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -175,6 +178,10 @@ class PostgresStore(Store):
     async def close(self) -> None:
         """Close the pool after the calls already running have returned their connections. Idempotent."""
         pool, self._pool = self._pool, None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with anyio.CancelScope(shield=True):
+                await listener.close()
         if pool is not None:
             with anyio.CancelScope(shield=True):
                 await pool.close()
@@ -588,6 +595,11 @@ class PostgresStore(Store):
             )
             if not released.rowcount and await _session_row(conn, lease.session) is None:
                 raise UnknownSession(f"cannot release session {lease.session}: the session is unknown")
+            if released.rowcount:  # a pending turn left behind (a drain): wake the other replicas' scans
+                await conn.execute(
+                    "SELECT pg_notify(%s, id) FROM turns WHERE session = %s AND status = %s",
+                    (ORPHANS_CHANNEL, lease.session, PENDING),
+                )
             return bool(released.rowcount)
 
         return await self._write(f"release session {lease.session}", op)
@@ -633,6 +645,37 @@ class PostgresStore(Store):
             return Lease(session=session_id, replica=row["owner"], token=row["fence"], expires_at=row["lease_expires"])
 
         return await self._read(f"read the lease of session {session_id}", op)
+
+    async def wait_for_orphans(self, seconds: float) -> None:
+        """Wait for a NOTIFY on ``ORPHANS_CHANNEL`` (sent by a release that left a pending turn), on
+        a connection of its own outside the pool, for at most ``seconds``. A failed connection is
+        dropped (the next call opens another) and the wait is then a plain sleep."""
+        with anyio.move_on_after(seconds):
+            try:
+                listener = await self._orphan_listener()
+                async for _ in listener.notifies(timeout=seconds, stop_after=1):
+                    return
+                return
+            except (psycopg.Error, StoreError, OSError) as exc:
+                log.debug(
+                    "store.listen_failed",
+                    error=self._scrub(_reason(exc) if isinstance(exc, psycopg.Error) else str(exc)),
+                )
+                broken, self._listener = self._listener, None
+                if broken is not None:
+                    with anyio.CancelScope(shield=True):
+                        await broken.close()
+            await anyio.sleep(seconds)
+
+    async def _orphan_listener(self) -> Conn:
+        if self._listener is None:
+            if self._pool is None:
+                raise StoreError("the store is closed")
+            conn = await self._own_connection("listen for orphaned sessions")
+            await conn.set_autocommit(True)
+            await conn.execute(f"LISTEN {ORPHANS_CHANNEL}")
+            self._listener = conn
+        return self._listener
 
     # ------------------------------------------------------------------ the replica registry
 

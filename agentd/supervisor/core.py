@@ -251,7 +251,8 @@ class Supervisor:
                     claimed = []
                 for lease in claimed:
                     await self._adopt_orphan(lease)
-            await anyio.sleep(scan_interval(self.lease_time))
+            # A release that left a pending turn (another replica's drain) wakes the scan early.
+            await self.store.wait_for_orphans(scan_interval(self.lease_time))
 
     async def _adopt_orphan(self, lease: Lease) -> None:
         """Run the pending turn of a session just claimed by the failover scan."""
