@@ -154,3 +154,17 @@ def test_a_drained_replica_releases_its_leases_and_another_takes_over(tmp_path: 
         hold.touch()
         assert b.turn(session, turn)["status"] == "completed"
         assert [e["content"] for e in answers(b, session, turn)] == [f"[{MODEL}] You said: hold this"]
+
+
+def test_events_and_cancel_on_a_replica_that_does_not_run_the_turn(tmp_path: Path, pg: PgServer) -> None:
+    with replicas(tmp_path, pg, 2) as (started, _hold):
+        a, b = started
+        session = a.new_session("held")
+        stream = b.events(session)  # b watches; the turns run on a
+        turn = a.send(session, "hold this", wait=False)["turn_id"]
+        a.wait_log("session.loaded", lambda r: r.get("session") == session)
+        cancelled = b.json("POST", f"/v1/sessions/{session}/cancel", status=202)
+        assert cancelled == {"turn_id": turn, "cancelling": True}
+        assert a.turn(session, turn)["status"] == "cancelled"
+        done = stream.wait("turn.done", lambda data: data.get("turn") == turn)
+        assert done["status"] == "cancelled"

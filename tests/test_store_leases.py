@@ -17,7 +17,7 @@ import pytest
 from agentd.budget import TurnStatus
 from agentd.messages import AssistantMessage, SystemMessage, UserMessage
 from agentd.records import JournalEntry, TurnRecord
-from agentd.store import Lease, LeaseLost, Store, StoreError, UnknownSession
+from agentd.store import ORPHANS, TURNS, Lease, LeaseLost, Store, StoreError, UnknownSession
 from tests.store_harness import Backend
 
 pytestmark = pytest.mark.anyio
@@ -374,26 +374,28 @@ async def test_a_beat_needs_a_replica_id(store: Store) -> None:
         await store.beat("", generation=1, sessions=0)
 
 
-async def test_a_release_that_leaves_a_pending_turn_wakes_the_scans_of_other_replicas(
+async def test_a_release_that_leaves_a_pending_turn_notifies_the_other_replicas(
     backend: Backend, store: Store, other: Store
 ) -> None:
     await new_session(store, pending="t1")
     with anyio.fail_after(TIMEOUT):
-        await other.wait_for_orphans(0.01)  # nothing released: it returns after its time
+        assert await other.next_notification(0.01) is None  # nothing notified: None after its time
     if backend.name == "sqlite":
-        return  # one daemon owns a SQLite store: nobody else releases, the wait is a plain sleep
+        await store.notify(TURNS, "s1 t1 r1")  # one daemon owns a SQLite store: nobody to tell
+        return
     lease = await store.claim("s1", "r1", LONG)
     assert lease is not None
-    woken = anyio.Event()
+    heard: list[tuple[str, str] | None] = []
 
-    async def scan() -> None:
-        await other.wait_for_orphans(LONG)
-        woken.set()
+    async def listen() -> None:
+        heard.append(await other.next_notification(LONG))
+        heard.append(await other.next_notification(LONG))
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(scan)
-        await anyio.wait_all_tasks_blocked()  # the scan waits (its LISTEN was set up by the first wait)
-        assert await store.release(lease)
-        with anyio.fail_after(TIMEOUT):
-            await woken.wait()
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listen)
+            await anyio.wait_all_tasks_blocked()  # it listens (its LISTEN was set up by the first wait)
+            assert await store.release(lease)
+            await store.notify(TURNS, "s1 t0 r1")
+    assert heard == [(ORPHANS, "s1"), (TURNS, "s1 t0 r1")]
     assert [held.session for held in await other.claim_orphaned("r2", LONG)] == ["s1"]

@@ -39,6 +39,10 @@ from agentd.messages import Message, UserMessage
 from agentd.records import JournalEntry, SessionState, StartedTurn, TurnRecord
 
 __all__ = [
+    "CANCELS",
+    "NOTIFY_CHANNELS",
+    "ORPHANS",
+    "TURNS",
     "CommittedTurn",
     "Lease",
     "LeaseLost",
@@ -50,6 +54,14 @@ __all__ = [
     "StoredSession",
     "UnknownSession",
 ]
+
+
+#: Notification channels (PostgreSQL LISTEN/NOTIFY): a released session with a pending turn, a
+#: turn that ended (payload ``session turn``), a cancel asked of the replica running a turn.
+ORPHANS = "agentd_orphans"
+TURNS = "agentd_turns"
+CANCELS = "agentd_cancels"
+NOTIFY_CHANNELS = (ORPHANS, TURNS, CANCELS)
 
 
 class StoreError(Exception):
@@ -388,10 +400,19 @@ class Store(abc.ABC):
     async def live_replicas(self, max_age: float) -> list[ReplicaRow]:
         """The replicas that beat within the last ``max_age`` seconds (by the store's clock), by id."""
 
-    # ------------------------------------------------------------------ waking replicas (RFC 0009 §7)
+    # ------------------------------------------------------------------ notifications between replicas (RFC 0009 §7)
 
-    async def wait_for_orphans(self, seconds: float) -> None:
-        """Wait up to ``seconds``, returning early when a replica released a session that
-        has a pending turn (one ``claim_orphaned`` can now take). The default just sleeps: with one
-        daemon on the store (SQLite) nobody else releases sessions. Never raises."""
+    async def notify(self, channel: str, payload: str) -> None:
+        """Tell every replica listening on ``channel`` (``NOTIFY_CHANNELS``) ``payload``, best effort.
+
+        The default does nothing: with one daemon on the store (SQLite) there is nobody to tell.
+        Never raises; a notification that cannot be sent is lost, which every user tolerates.
+        """
+        return None
+
+    async def next_notification(self, seconds: float) -> tuple[str, str] | None:
+        """Wait up to ``seconds`` for a notification on one of ``NOTIFY_CHANNELS``: (channel,
+        payload), or None when none came. A release that leaves a pending turn behind notifies
+        ``ORPHANS`` by itself. The default sleeps and returns None. Never raises."""
         await anyio.sleep(seconds)
+        return None

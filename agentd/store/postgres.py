@@ -43,6 +43,8 @@ from agentd.records import PENDING, JournalEntry, SessionState, StartedTurn, Tur
 from agentd.redact import redact_database_url
 from agentd.store import codec, migrations
 from agentd.store.base import (
+    NOTIFY_CHANNELS,
+    ORPHANS,
     CommittedTurn,
     Lease,
     LeaseLost,
@@ -91,8 +93,6 @@ _DISK_FULL = "53100"
 _SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 #: The database server's clock in epoch seconds: every lease time is by it.
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
-#: The channel a release that leaves a pending turn behind NOTIFYs: other replicas scan at once.
-ORPHANS_CHANNEL = "agentd_orphans"
 
 _SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_at, owner, lease_expires, fence"
 # A turn with its input message (for a pending turn, which has no record yet).
@@ -597,8 +597,8 @@ class PostgresStore(Store):
                 raise UnknownSession(f"cannot release session {lease.session}: the session is unknown")
             if released.rowcount:  # a pending turn left behind (a drain): wake the other replicas' scans
                 await conn.execute(
-                    "SELECT pg_notify(%s, id) FROM turns WHERE session = %s AND status = %s",
-                    (ORPHANS_CHANNEL, lease.session, PENDING),
+                    "SELECT pg_notify(%s, session) FROM turns WHERE session = %s AND status = %s",
+                    (ORPHANS, lease.session, PENDING),
                 )
             return bool(released.rowcount)
 
@@ -646,34 +646,42 @@ class PostgresStore(Store):
 
         return await self._read(f"read the lease of session {session_id}", op)
 
-    async def wait_for_orphans(self, seconds: float) -> None:
-        """Wait for a NOTIFY on ``ORPHANS_CHANNEL`` (sent by a release that left a pending turn), on
-        a connection of its own outside the pool, for at most ``seconds``. A failed connection is
-        dropped (the next call opens another) and the wait is then a plain sleep."""
+    async def notify(self, channel: str, payload: str) -> None:
+        async def op(conn: Conn) -> None:
+            await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+        try:
+            await self._write(f"notify {channel}", op)
+        except StoreError as exc:
+            log.debug("store.notify_failed", channel=channel, error=str(exc))
+
+    async def next_notification(self, seconds: float) -> tuple[str, str] | None:
+        """The next NOTIFY on ``NOTIFY_CHANNELS``, on a connection of its own outside the pool,
+        waited for at most ``seconds``. A failed connection is dropped (the next call opens another)
+        and the wait is then a plain sleep."""
         with anyio.move_on_after(seconds):
             try:
-                listener = await self._orphan_listener()
-                async for _ in listener.notifies(timeout=seconds, stop_after=1):
-                    return
-                return
+                listener = await self._listener_connection()
+                async for note in listener.notifies(timeout=seconds, stop_after=1):
+                    return note.channel, note.payload
+                return None
             except (psycopg.Error, StoreError, OSError) as exc:
-                log.debug(
-                    "store.listen_failed",
-                    error=self._scrub(_reason(exc) if isinstance(exc, psycopg.Error) else str(exc)),
-                )
+                log.debug("store.listen_failed", error=self._scrub(str(exc)))
                 broken, self._listener = self._listener, None
                 if broken is not None:
                     with anyio.CancelScope(shield=True):
                         await broken.close()
             await anyio.sleep(seconds)
+        return None
 
-    async def _orphan_listener(self) -> Conn:
+    async def _listener_connection(self) -> Conn:
         if self._listener is None:
             if self._pool is None:
                 raise StoreError("the store is closed")
-            conn = await self._own_connection("listen for orphaned sessions")
+            conn = await self._own_connection("listen for notifications")
             await conn.set_autocommit(True)
-            await conn.execute(f"LISTEN {ORPHANS_CHANNEL}")
+            for channel in NOTIFY_CHANNELS:
+                await conn.execute(f"LISTEN {channel}")
             self._listener = conn
         return self._listener
 

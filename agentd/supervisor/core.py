@@ -37,7 +37,17 @@ from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
 from agentd.protocol import Cancel, ChildEnv, Spawn, SwapIntel, Watch
 from agentd.records import SessionState, StartedTurn, TurnRecord
-from agentd.store import Lease, Store, StoredSession, StoreError, StoreUnavailable, UnknownSession
+from agentd.store import (
+    CANCELS,
+    ORPHANS,
+    TURNS,
+    Lease,
+    Store,
+    StoredSession,
+    StoreError,
+    StoreUnavailable,
+    UnknownSession,
+)
 from agentd.supervisor.child import Child
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.pool import Pool
@@ -56,6 +66,7 @@ from agentd.transfer import OpenerKind, opener_message, opener_plan, session_sta
 from agentd.views import (
     Accepted,
     ChildView,
+    Entry,
     MessageResult,
     PolicyView,
     PostMessage,
@@ -66,6 +77,7 @@ from agentd.views import (
     SessionView,
     StatusView,
     entry_from_message,
+    turn_done_event,
     turn_view,
 )
 
@@ -144,12 +156,14 @@ class Supervisor:
             sessions=self.sessions,
             on_swap_acked=self._swap_acked,
             on_turn_finished=self._turn_finished,
+            replica=self.replica,
         )
         self.pool = Pool(
             settings=lambda: self.config.supervisor, spawn=self.spawn_frame, env=self.child_env, owner=self.runner
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self._turn_ended = anyio.Event()
+        self._orphans_released = anyio.Event()
         self._awaiting_acks: dict[int, tuple[set[str], float]] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -168,6 +182,7 @@ class Supervisor:
         tg.start_soon(self._heartbeat)
         if self.shared_store:  # other replicas may be running pending turns: take only the orphaned ones
             tg.start_soon(self._failover_scan)
+            tg.start_soon(self._listen)
         else:
             tg.start_soon(self._resume_interrupted)
 
@@ -252,7 +267,41 @@ class Supervisor:
                 for lease in claimed:
                     await self._adopt_orphan(lease)
             # A release that left a pending turn (another replica's drain) wakes the scan early.
-            await self.store.wait_for_orphans(scan_interval(self.lease_time))
+            with anyio.move_on_after(scan_interval(self.lease_time)):
+                await self._orphans_released.wait()
+            self._orphans_released = anyio.Event()
+
+    async def _listen(self) -> None:
+        """Act on what other replicas notify: orphans to scan for, turns that ended, cancels."""
+        while True:
+            note = await self.store.next_notification(scan_interval(self.lease_time))
+            if note is None:
+                continue
+            channel, payload = note
+            try:
+                await self._on_notification(channel, payload.split())
+            except Exception:  # a notification must never take the listener down
+                log.exception("replica.notification_failed", channel=channel)
+
+    async def _on_notification(self, channel: str, fields: list[str]) -> None:
+        if channel == ORPHANS:
+            self._orphans_released.set()
+        elif channel == TURNS and len(fields) == 3 and fields[2] != self.replica:
+            await self._turn_ended_elsewhere(fields[0], fields[1])
+        elif channel == CANCELS and len(fields) == 2:
+            runtime = self.sessions.get(fields[0])
+            if runtime is not None and runtime.pending is not None and runtime.pending.id == fields[1]:
+                await self._cancel_here(runtime)
+
+    async def _turn_ended_elsewhere(self, session_id: str, turn_id: str) -> None:
+        """Another replica ended a turn of a session watched here: its subscribers get ``turn.done``."""
+        runtime = self.sessions.get(session_id)
+        if runtime is None or not runtime.watched or runtime.pending is not None:
+            return
+        found = await self._ended_turn(session_id, turn_id)
+        if found is not None:
+            record, entries = found
+            runtime.publish(events.TURN_DONE, turn_id, turn_done_event(record, entries))
 
     async def _adopt_orphan(self, lease: Lease) -> None:
         """Run the pending turn of a session just claimed by the failover scan."""
@@ -812,18 +861,26 @@ class Supervisor:
                 if pending is None or pending.id != turn_id:
                     break
                 await anyio.sleep(ELSEWHERE_POLL)
-        stored = await self._store_or_503(self.store.load_session(session_id))
-        record = next((t for t in stored.turns if t.id == turn_id), None) if stored is not None else None
-        if stored is None or not isinstance(record, TurnRecord):
+        found = await self._store_or_503(self._ended_turn(session_id, turn_id))
+        if found is None:
             raise ApiError(
                 503, "turn_elsewhere", f"turn {turn_id} runs on another replica and has not ended yet", turn=turn_id
             )
+        record, entries = found
+        return MessageResult(turn=turn_view(record), messages=entries)
+
+    async def _ended_turn(self, session_id: str, turn_id: str) -> tuple[TurnRecord, list[Entry]] | None:
+        """A turn that ended, as committed (its record and the entries it added), or None if it has not."""
+        stored = await self.store.load_session(session_id)
+        record = next((t for t in stored.turns if t.id == turn_id), None) if stored is not None else None
+        if stored is None or not isinstance(record, TurnRecord):
+            return None
         entries = [
             entry_from_message(e.seq, e.message)
             for e in stored.transcript
             if e.message.turn == turn_id and not isinstance(e.message, UserMessage)
         ]
-        return MessageResult(turn=turn_view(record), messages=entries)
+        return record, entries
 
     def _turn_result(self, turn: PendingTurn) -> MessageResult:
         if turn.record is None:  # stopped without ending: the daemon is shutting down
@@ -845,8 +902,19 @@ class Supervisor:
         """Ask the child running the session's turn to cancel it; the turn then ends ``cancelled``."""
         runtime = await self._open_runtime(session_id)
         turn = runtime.pending
+        if turn is None and self.shared_store:  # it may run on another replica: ask it to cancel
+            started = await self._store_or_503(self.store.pending_turn(session_id))
+            if started is not None:
+                await self.store.notify(CANCELS, f"{session_id} {started.id}")
+                return started.id
         if turn is None:
             raise ApiError(409, "no_turn", f"session {session_id} has no turn running")
+        return await self._cancel_here(runtime)
+
+    async def _cancel_here(self, runtime: SessionRuntime) -> str:
+        """Cancel the turn this replica runs for ``runtime``."""
+        turn = runtime.pending
+        assert turn is not None
         turn.cancel_requested = True
         if turn.child is not None:
             await turn.child.send(Cancel(session=runtime.id, turn=turn.id))

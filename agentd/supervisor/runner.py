@@ -45,7 +45,7 @@ from agentd.protocol import (
     TurnDone,
 )
 from agentd.records import JournalEntry, TurnRecord
-from agentd.store import CommittedTurn, LeaseLost, Store, StoreError, StoreUnavailable
+from agentd.store import TURNS, CommittedTurn, LeaseLost, Store, StoreError, StoreUnavailable
 from agentd.supervisor.blame import CrashVerdict, blame, quarantined, rerun_allowed
 from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Pool
@@ -95,8 +95,10 @@ class TurnRunner:
         sessions: MutableMapping[str, SessionRuntime],
         on_swap_acked: Callable[[Child, int], None],
         on_turn_finished: Callable[[], None],
+        replica: str = "",
     ) -> None:
         self.store = store
+        self.replica = replica  # this replica's id, in the notifications it sends
         self.metrics = metrics
         self.running = running
         self.sessions = sessions  # the hot sessions, by id (shared with the supervisor)
@@ -374,6 +376,9 @@ class TurnRunner:
             log.warning("session.release_failed", session=runtime.id, error=str(exc))
 
     async def _finish(self, runtime: SessionRuntime, turn: PendingTurn, record: TurnRecord) -> None:
+        if runtime.lease is not None:  # a shared store: other replicas' subscribers hear of the turn
+            assert self._tg is not None
+            self._tg.start_soon(self.store.notify, TURNS, f"{runtime.id} {record.id} {self.replica}")
         await self._release(runtime)  # before the answer: the next message may go to any replica
         if runtime.child is not None:  # a swap parked during the turn was adopted at its end
             runtime.generation = max(runtime.generation, runtime.child.generation)
