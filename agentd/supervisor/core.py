@@ -196,18 +196,21 @@ class Supervisor:
 
     async def _renew(self) -> None:
         """Extend every lease this replica holds; a session missing from the answer was taken over."""
+        before = {r.id: (r.lease, r.pending) for r in self.sessions.values() if r.lease is not None}
         try:
             held = await self.store.renew(self.replica, self.lease_time)
         except StoreError as exc:
             log.warning("replica.renew_failed", replica=self.replica, error=str(exc))
             return
-        for runtime in list(self.sessions.values()):
-            if runtime.lease is None:
-                continue
-            lease = held.get(runtime.id)
-            if lease is not None and lease.token == runtime.lease.token:
-                runtime.lease = lease
-            elif lease is None and runtime.pending is not None:  # no longer ours: stop acting for it
+        for session_id, (lease, pending) in before.items():
+            runtime = self.sessions.get(session_id)
+            if runtime is None or runtime.lease is not lease or lease is None:
+                continue  # released or claimed again while the renew ran: its answer says nothing of it
+            renewed = held.get(session_id)
+            if renewed is not None and renewed.token == lease.token:
+                runtime.lease = renewed
+            elif renewed is None and pending is not None and runtime.pending is pending:
+                # The lease this turn runs under is gone: another replica took the session over.
                 await self.runner.lease_lost(runtime, "the heartbeat found the lease held by another replica")
 
     async def _beat(self) -> None:
@@ -243,7 +246,11 @@ class Supervisor:
         if not loaded_copy_is_current(runtime.last_token, lease.token):
             runtime.child = None
             await self.pool.unload(runtime.id)
-            stored = await self.store.session_summary(runtime.id)
+            try:
+                stored = await self.store.session_summary(runtime.id)
+            except StoreError as exc:  # the transcript is reloaded anyway; the row is read next time
+                log.warning("session.claim_failed", session=runtime.id, error=str(exc))
+                stored = None
             if stored is not None:
                 runtime.assistant = stored.assistant
                 runtime.model = self.model_of(stored.assistant, stored.model)

@@ -360,6 +360,12 @@ class TurnRunner:
             if child is not None and child.usable:
                 await child.send(Cancel(session=runtime.id, turn=turn.id))
             self._on_turn_finished()
+        if lease is not None:  # refused when truly lost; were it still ours, the turn is left to a scan
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.store.release(lease)
+                except StoreError as exc:
+                    log.warning("session.release_failed", session=runtime.id, error=str(exc))
         if self.pool is not None:
             runtime.child = None
             await self.pool.unload(runtime.id)
