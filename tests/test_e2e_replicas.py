@@ -168,3 +168,18 @@ def test_events_and_cancel_on_a_replica_that_does_not_run_the_turn(tmp_path: Pat
         assert a.turn(session, turn)["status"] == "cancelled"
         done = stream.wait("turn.done", lambda data: data.get("turn") == turn)
         assert done["status"] == "cancelled"
+
+
+def test_a_reload_of_one_replica_shows_in_the_status_of_every_replica(tmp_path: Path, pg: PgServer) -> None:
+    with replicas(tmp_path, pg, 2) as (started, _hold):
+        a, b = started
+        b.write_config(b.config_path.read_text().replace('model = "echo-small"', 'model = "echo-large"', 1))
+        b.reload_via_signal()
+        b.wait_log("config.reload", lambda r: r.get("applied") is True and r.get("generation") == 2)
+
+        def generations() -> Any:
+            seen = {r["id"]: r["generation"] for r in a.status()["replicas"]}
+            return seen if seen == {"r0": 1, "r1": 2} else None
+
+        assert wait_until(generations, "r1's generation 2 in r0's status") == {"r0": 1, "r1": 2}
+        assert a.status()["generation"] == 1 and b.status()["generation"] == 2

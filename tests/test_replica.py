@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from agentd.store import Lease
 from agentd.supervisor.replica import (
     ENV_REPLICA_ID,
+    RenewVerdict,
     heartbeat_interval,
+    judge_renewal,
     loaded_copy_is_current,
     registry_max_age,
     replica_id,
@@ -36,3 +39,26 @@ def test_a_loaded_copy_is_current_only_if_no_other_replica_claimed_in_between() 
     assert loaded_copy_is_current(4, 5)  # released, then claimed again by this replica
     assert not loaded_copy_is_current(4, 6)  # another replica held it in between
     assert not loaded_copy_is_current(None, 1)  # never held here
+
+
+def lease(token: int, expires_at: float = 10.0) -> Lease:
+    return Lease(session="s1", replica="r1", token=token, expires_at=expires_at)
+
+
+def test_a_renewed_lease_with_the_same_token_is_kept() -> None:
+    asked = lease(3)
+    assert judge_renewal(asked, asked, lease(3, 20.0), same_turn=True) is RenewVerdict.RENEWED
+
+
+def test_a_lease_that_changed_while_the_renew_ran_is_not_judged() -> None:
+    asked = lease(3)
+    # The turn ended (released) and the next one claimed again meanwhile: the renew's answer is stale.
+    assert judge_renewal(asked, lease(4), None, same_turn=False) is RenewVerdict.CHANGED
+    assert judge_renewal(asked, None, None, same_turn=True) is RenewVerdict.CHANGED
+
+
+def test_a_missing_lease_is_lost_only_while_its_turn_runs_here() -> None:
+    asked = lease(3)
+    assert judge_renewal(asked, asked, None, same_turn=True) is RenewVerdict.LOST
+    assert judge_renewal(asked, asked, lease(5), same_turn=True) is RenewVerdict.LOST  # another token
+    assert judge_renewal(asked, asked, None, same_turn=False) is RenewVerdict.IDLE

@@ -53,7 +53,9 @@ from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.reload import ReloadCoordinator, plan_reload, sessions_to_swap
 from agentd.supervisor.replica import (
+    RenewVerdict,
     heartbeat_interval,
+    judge_renewal,
     loaded_copy_is_current,
     registry_max_age,
     replica_id,
@@ -202,15 +204,16 @@ class Supervisor:
         except StoreError as exc:
             log.warning("replica.renew_failed", replica=self.replica, error=str(exc))
             return
-        for session_id, (lease, pending) in before.items():
+        for session_id, (asked, pending) in before.items():
             runtime = self.sessions.get(session_id)
-            if runtime is None or runtime.lease is not lease or lease is None:
-                continue  # released or claimed again while the renew ran: its answer says nothing of it
+            if runtime is None or asked is None:
+                continue
             renewed = held.get(session_id)
-            if renewed is not None and renewed.token == lease.token:
+            same_turn = pending is not None and runtime.pending is pending
+            verdict = judge_renewal(asked, runtime.lease, renewed, same_turn=same_turn)
+            if verdict is RenewVerdict.RENEWED and renewed is not None:
                 runtime.lease = renewed
-            elif renewed is None and pending is not None and runtime.pending is pending:
-                # The lease this turn runs under is gone: another replica took the session over.
+            elif verdict is RenewVerdict.LOST:
                 await self.runner.lease_lost(runtime, "the heartbeat found the lease held by another replica")
 
     async def _beat(self) -> None:

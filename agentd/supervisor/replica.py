@@ -10,15 +10,20 @@ orphaned sessions every ``lease / 2``; the registry lists replicas that beat wit
 
 from __future__ import annotations
 
+import enum
 import os
 import secrets
 import socket
 from collections.abc import Mapping
 
+from agentd.store import Lease
+
 __all__ = [
     "ENV_REPLICA_ID",
     "REGISTRY_AGE_LEASES",
+    "RenewVerdict",
     "heartbeat_interval",
+    "judge_renewal",
     "loaded_copy_is_current",
     "registry_max_age",
     "replica_id",
@@ -69,3 +74,23 @@ def loaded_copy_is_current(last_token: int | None, token: int) -> bool:
     another replica may have run turns since, and the loaded copy must be reloaded from the store.
     """
     return last_token is not None and token in (last_token, last_token + 1)
+
+
+class RenewVerdict(enum.Enum):
+    """What a heartbeat's ``renew`` answer means for one lease this replica held when it asked."""
+
+    RENEWED = "renewed"  # still ours: adopt the extended lease
+    CHANGED = "changed"  # released or claimed again while the renew ran: the answer says nothing of it
+    LOST = "lost"  # gone while its turn runs here: another replica took the session over
+    IDLE = "idle"  # gone, but no turn of it runs here: nothing to stop
+
+
+def judge_renewal(asked: Lease, current: Lease | None, renewed: Lease | None, *, same_turn: bool) -> RenewVerdict:
+    """Judge one lease after a renew: ``asked`` is the lease held when the renew started,
+    ``current`` the one held now, ``renewed`` what the renew returned for the session (None: not
+    returned), ``same_turn`` whether the turn that ran under ``asked`` still runs here."""
+    if current is not asked:
+        return RenewVerdict.CHANGED
+    if renewed is not None and renewed.token == asked.token:
+        return RenewVerdict.RENEWED
+    return RenewVerdict.LOST if same_turn else RenewVerdict.IDLE
