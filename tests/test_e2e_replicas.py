@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.daemon_harness import Daemon, child_pids_of, two_assistant_config, wait_until
@@ -183,3 +186,74 @@ def test_a_reload_of_one_replica_shows_in_the_status_of_every_replica(tmp_path: 
 
         assert wait_until(generations, "r1's generation 2 in r0's status") == {"r0": 1, "r1": 2}
         assert a.status()["generation"] == 1 and b.status()["generation"] == 2
+
+
+def test_chaos_replica_kills_while_clients_send_every_accepted_message_is_committed_once(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    """Clients post to random replicas while replicas are killed (-9) and replaced: accepted = committed."""
+    rng = random.Random(11)
+    with replicas(tmp_path, pg, 3) as (started, _hold):
+        live = list(started)
+        lock = threading.Lock()
+        accepted: dict[str, str] = {}  # turn id -> session
+        stop = threading.Event()
+        sessions = [live[i % 3].new_session("main") for i in range(3)]
+
+        def some_replica() -> Daemon:
+            with lock:
+                return rng.choice(live)
+
+        def idle(session: str) -> bool:
+            try:
+                return all(t["status"] != "pending" for t in some_replica().session(session)["turns"])
+            except (httpx.HTTPError, AssertionError):
+                return False
+
+        def client(session: str) -> None:
+            sent = 0
+            while not stop.is_set():
+                wait_until(lambda: idle(session), f"session {session} to be idle", timeout=120)
+                try:
+                    response = some_replica().api(
+                        "POST", f"/v1/sessions/{session}/messages", {"content": f"m{sent}", "wait": False}
+                    )
+                except httpx.HTTPError:
+                    continue  # that replica is gone; the message may be stored, and then runs anyway
+                if response.status_code == 202:
+                    with lock:
+                        accepted[response.json()["turn_id"]] = session
+                    sent += 1
+
+        threads = [threading.Thread(target=client, args=(s,), daemon=True) for s in sessions]
+        for thread in threads:
+            thread.start()
+        for round_ in range(2):
+            wait_until(lambda n=round_: len(accepted) >= 5 * (n + 1), "clients to get messages accepted")
+            with lock:
+                victim = live.pop(rng.randrange(len(live)))
+            kill_replica(victim)
+            home = tmp_path / f"replacement{round_}"
+            home.mkdir()
+            replacement = Daemon(
+                home,
+                victim.config_path.read_text(),
+                env={"AGENTD_REPLICA_ID": f"new{round_}"},
+                state_dir=home / "state",
+            ).start()
+            started.append(replacement)
+            with lock:
+                live.append(replacement)
+        wait_until(lambda: len(accepted) >= 15, "more messages accepted after the kills")
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+        reader = live[0]
+        for session in sessions:
+            wait_until(lambda s=session: idle(s), f"session {session} to end its turns", timeout=120)
+        by_session = {s: reader.session(s) for s in sessions}
+        for turn_id, session in accepted.items():
+            view = by_session[session]
+            [record] = [t for t in view["turns"] if t["id"] == turn_id]
+            assert record["status"] == "completed", record
+            assert len([e for e in view["transcript"] if e.get("turn") == turn_id and e["role"] == "assistant"]) == 1
