@@ -27,6 +27,7 @@ __all__ = [
     "PolicyView",
     "PostMessage",
     "ReloadResult",
+    "ReplicaView",
     "SessionCounts",
     "SessionSummary",
     "SessionView",
@@ -195,6 +196,13 @@ class ChildView(_Body, kw_only=True):
     restarts: int = 0  # how many crashed children its place in the pool has seen
 
 
+class ReplicaView(_Body, kw_only=True):
+    id: str
+    generation: int
+    sessions: int  # how many sessions it owned at its last beat
+    seen_at: float  # its last beat, epoch seconds by the store's clock
+
+
 class PolicyView(_Body, kw_only=True):
     policy: str
     source: str
@@ -216,6 +224,8 @@ class StatusView(_Body, kw_only=True):
     children: list[ChildView] = []
     sessions: SessionCounts = msgspec.field(default_factory=SessionCounts)
     draining: bool = False
+    replica: str = ""  # this replica's id (RFC 0009 §7)
+    replicas: list[ReplicaView] = []  # the live replicas on the store, this one included
 
 
 class ReloadResult(_Body, kw_only=True):

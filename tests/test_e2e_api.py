@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,11 @@ def test_status_has_the_documented_fields(daemon: Daemon) -> None:
     assert set(status["sessions"]) == {"open", "loaded", "running", "failed"}
     assert status["sessions"]["open"] >= 1 and status["sessions"]["failed"] == 0
     assert status["sessions"]["loaded"] >= 1 and status["sessions"]["running"] == 0
+    # SQLite: one replica, this one; the registry lists just itself, at its generation.
+    assert status["replica"].startswith(f"{socket.gethostname()}-{daemon.process.pid}-")
+    [me] = status["replicas"]
+    assert set(me) == {"id", "generation", "sessions", "seen_at"}
+    assert me["id"] == status["replica"] and me["generation"] == 1 and abs(me["seen_at"] - time.time()) < 60
     pid = daemon.session(session)["child"]  # the child the session is loaded on
     mine = [c for c in status["children"] if c["pid"] == pid]
     assert len(mine) == 1
@@ -349,6 +356,8 @@ def test_tcp_listener_requires_the_bearer_token(tmp_path: Path) -> None:
 
             assert_error(wait_until(answered, "the TCP listener to answer"), 401)
             assert_error(tcp.get("/v1/sessions"), 401)
+            # The probes answer without it (an orchestrator's HTTP probe cannot read a Secret).
+            assert tcp.get("/v1/health").json() == {"status": "ok"}
             assert_error(tcp.get("/v1/status", headers={"Authorization": "Bearer wrong"}), 401)
             assert_error(tcp.post("/v1/sessions", json={}), 401)
             auth = {"Authorization": f"Bearer {token}"}

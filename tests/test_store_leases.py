@@ -17,7 +17,7 @@ import pytest
 from agentd.budget import TurnStatus
 from agentd.messages import AssistantMessage, SystemMessage, UserMessage
 from agentd.records import JournalEntry, TurnRecord
-from agentd.store import Lease, LeaseLost, Store, StoreError, UnknownSession
+from agentd.store import ORPHANS, TURNS, Lease, LeaseLost, Store, StoreError, UnknownSession
 from tests.store_harness import Backend
 
 pytestmark = pytest.mark.anyio
@@ -342,3 +342,60 @@ async def test_two_replicas_beginning_a_turn_in_one_session_at_once_store_one(st
     pending = await store.pending_turn("s1")
     assert pending is not None and pending.id == stored[0]
     assert [m.content for m in await store.transcript("s1") if isinstance(m, UserMessage)] == [stored[0]]
+
+
+# --------------------------------------------------------------------------- the replica registry
+
+
+async def test_a_replica_beats_and_is_listed_while_it_is_live(store: Store, other: Store) -> None:
+    assert await store.live_replicas(LONG) == []
+    first = await store.beat("r1", generation=1, sessions=0)
+    assert (first.id, first.generation, first.sessions) == ("r1", 1, 0)
+    assert abs(first.seen_at - time.time()) < LONG  # the store's clock, near this one
+    await other.beat("r2", generation=3, sessions=2)
+    again = await store.beat("r1", generation=2, sessions=5)  # a beat replaces the row
+    assert again.seen_at >= first.seen_at
+    live = await other.live_replicas(LONG)
+    assert [(r.id, r.generation, r.sessions) for r in live] == [("r1", 2, 5), ("r2", 3, 2)]
+
+
+async def test_a_replica_that_stopped_beating_is_not_live(store: Store) -> None:
+    await store.beat("r1", generation=1, sessions=0)
+
+    async def gone() -> bool:
+        return not await store.live_replicas(BRIEF)
+
+    await until(gone, "replica r1 to be too old")
+    assert [r.id for r in await store.live_replicas(LONG)] == ["r1"]  # kept, only ignored
+
+
+async def test_a_beat_needs_a_replica_id(store: Store) -> None:
+    with pytest.raises(StoreError, match="a replica id must be a non-empty string"):
+        await store.beat("", generation=1, sessions=0)
+
+
+async def test_a_release_that_leaves_a_pending_turn_notifies_the_other_replicas(
+    backend: Backend, store: Store, other: Store
+) -> None:
+    await new_session(store, pending="t1")
+    with anyio.fail_after(TIMEOUT):
+        assert await other.next_notification(0.01) is None  # nothing notified: None after its time
+    if backend.name == "sqlite":
+        await store.notify(TURNS, "s1 t1 r1")  # one daemon owns a SQLite store: nobody to tell
+        return
+    lease = await store.claim("s1", "r1", LONG)
+    assert lease is not None
+    heard: list[tuple[str, str] | None] = []
+
+    async def listen() -> None:
+        heard.append(await other.next_notification(LONG))
+        heard.append(await other.next_notification(LONG))
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listen)
+            await anyio.wait_all_tasks_blocked()  # it listens (its LISTEN was set up by the first wait)
+            assert await store.release(lease)
+            await store.notify(TURNS, "s1 t0 r1")
+    assert heard == [(ORPHANS, "s1"), (TURNS, "s1 t0 r1")]
+    assert [held.session for held in await other.claim_orphaned("r2", LONG)] == ["s1"]

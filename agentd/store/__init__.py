@@ -14,9 +14,14 @@ from pathlib import Path
 from agentd.config import StoreSettings
 from agentd.redact import redact_database_url
 from agentd.store.base import (
+    CANCELS,
+    NOTIFY_CHANNELS,
+    ORPHANS,
+    TURNS,
     CommittedTurn,
     Lease,
     LeaseLost,
+    ReplicaRow,
     Store,
     StoredEntry,
     StoredSession,
@@ -28,11 +33,16 @@ from agentd.store.migrations import SCHEMA_VERSION
 from agentd.store.sqlite import SqliteStore
 
 __all__ = [
+    "CANCELS",
+    "NOTIFY_CHANNELS",
+    "ORPHANS",
     "SCHEMA_VERSION",
     "SQLITE_FILE",
+    "TURNS",
     "CommittedTurn",
     "Lease",
     "LeaseLost",
+    "ReplicaRow",
     "SqliteStore",
     "Store",
     "StoreError",

@@ -32,15 +32,21 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
+import anyio
 import msgspec
 
 from agentd.messages import Message, UserMessage
 from agentd.records import JournalEntry, SessionState, StartedTurn, TurnRecord
 
 __all__ = [
+    "CANCELS",
+    "NOTIFY_CHANNELS",
+    "ORPHANS",
+    "TURNS",
     "CommittedTurn",
     "Lease",
     "LeaseLost",
+    "ReplicaRow",
     "Store",
     "StoreError",
     "StoreUnavailable",
@@ -48,6 +54,14 @@ __all__ = [
     "StoredSession",
     "UnknownSession",
 ]
+
+
+#: Notification channels (PostgreSQL LISTEN/NOTIFY): a released session with a pending turn, a
+#: turn that ended (payload ``session turn``), a cancel asked of the replica running a turn.
+ORPHANS = "agentd_orphans"
+TURNS = "agentd_turns"
+CANCELS = "agentd_cancels"
+NOTIFY_CHANNELS = (ORPHANS, TURNS, CANCELS)
 
 
 class StoreError(Exception):
@@ -133,6 +147,16 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     replica: str
     token: int
     expires_at: float
+
+
+class ReplicaRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica as the registry has it (RFC 0009 §7): its config generation, how many sessions it
+    owned at its last beat, and when that was (epoch seconds by the store's clock)."""
+
+    id: str
+    generation: int
+    sessions: int
+    seen_at: float
 
 
 class Store(abc.ABC):
@@ -364,3 +388,31 @@ class Store(abc.ABC):
 
         UnknownSession if the session is unknown.
         """
+
+    # ------------------------------------------------------------------ the replica registry (RFC 0009 §7)
+
+    @abc.abstractmethod
+    async def beat(self, replica: str, *, generation: int, sessions: int) -> ReplicaRow:
+        """Record that ``replica`` is alive now, running ``generation`` and owning ``sessions``
+        sessions (its row is created or replaced); the row as stored, ``seen_at`` by the store's clock."""
+
+    @abc.abstractmethod
+    async def live_replicas(self, max_age: float) -> list[ReplicaRow]:
+        """The replicas that beat within the last ``max_age`` seconds (by the store's clock), by id."""
+
+    # ------------------------------------------------------------------ notifications between replicas (RFC 0009 §7)
+
+    async def notify(self, channel: str, payload: str) -> None:
+        """Tell every replica listening on ``channel`` (``NOTIFY_CHANNELS``) ``payload``, best effort.
+
+        The default does nothing: with one daemon on the store (SQLite) there is nobody to tell.
+        Never raises; a notification that cannot be sent is lost, which every user tolerates.
+        """
+        return None
+
+    async def next_notification(self, seconds: float) -> tuple[str, str] | None:
+        """Wait up to ``seconds`` for a notification on one of ``NOTIFY_CHANNELS``: (channel,
+        payload), or None when none came. A release that leaves a pending turn behind notifies
+        ``ORPHANS`` by itself. The default sleeps and returns None. Never raises."""
+        await anyio.sleep(seconds)
+        return None

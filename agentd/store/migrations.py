@@ -23,6 +23,10 @@ Versions:
 4. The tool journal (RFC 0008 §5): ``journal``, the side-effecting calls of pending turns — a row
    written before the call runs (``finished_at`` NULL), completed with its result when it
    returns, deleted by the transaction that ends the turn.
+5. The replica registry (RFC 0009 §7): ``replicas``, one row per replica that ever ran on the
+   database — its id, config generation, how many sessions it owns, and when it last beat
+   (``seen_at``, epoch seconds by the store's clock). Rows of replicas that stopped beating are
+   kept and ignored by readers.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 __all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -101,6 +105,16 @@ SQLITE: dict[int, tuple[str, ...]] = {
             is_error     INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1)),
             PRIMARY KEY (session, turn, seq),
             FOREIGN KEY (session, turn) REFERENCES turns (session, id)
+        )
+        """,
+    ),
+    5: (
+        """
+        CREATE TABLE replicas (
+            id          TEXT PRIMARY KEY,
+            generation  INTEGER NOT NULL,
+            sessions    INTEGER NOT NULL DEFAULT 0,
+            seen_at     REAL NOT NULL
         )
         """,
     ),
@@ -176,6 +190,16 @@ POSTGRES: dict[int, tuple[str, ...]] = {
             is_error     BOOLEAN NOT NULL DEFAULT FALSE,
             PRIMARY KEY (session, turn, seq),
             FOREIGN KEY (session, turn) REFERENCES turns (session, id)
+        )
+        """,
+    ),
+    5: (
+        """
+        CREATE TABLE replicas (
+            id          TEXT PRIMARY KEY,
+            generation  BIGINT NOT NULL,
+            sessions    BIGINT NOT NULL DEFAULT 0,
+            seen_at     DOUBLE PRECISION NOT NULL
         )
         """,
     ),

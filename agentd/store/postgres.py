@@ -43,9 +43,12 @@ from agentd.records import PENDING, JournalEntry, SessionState, StartedTurn, Tur
 from agentd.redact import redact_database_url
 from agentd.store import codec, migrations
 from agentd.store.base import (
+    NOTIFY_CHANNELS,
+    ORPHANS,
     CommittedTurn,
     Lease,
     LeaseLost,
+    ReplicaRow,
     Store,
     StoredEntry,
     StoredSession,
@@ -118,6 +121,7 @@ class PostgresStore(Store):
         self._location = location
         self._connect = connect  # a connection outside the pool, for when the pool has none
         self._secret = secret  # scrubbed from every error text
+        self._listener: Conn | None = None  # LISTENs for released sessions with a pending turn
         self.failure: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -174,6 +178,10 @@ class PostgresStore(Store):
     async def close(self) -> None:
         """Close the pool after the calls already running have returned their connections. Idempotent."""
         pool, self._pool = self._pool, None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with anyio.CancelScope(shield=True):
+                await listener.close()
         if pool is not None:
             with anyio.CancelScope(shield=True):
                 await pool.close()
@@ -587,6 +595,11 @@ class PostgresStore(Store):
             )
             if not released.rowcount and await _session_row(conn, lease.session) is None:
                 raise UnknownSession(f"cannot release session {lease.session}: the session is unknown")
+            if released.rowcount:  # a pending turn left behind (a drain): wake the other replicas' scans
+                await conn.execute(
+                    "SELECT pg_notify(%s, session) FROM turns WHERE session = %s AND status = %s",
+                    (ORPHANS, lease.session, PENDING),
+                )
             return bool(released.rowcount)
 
         return await self._write(f"release session {lease.session}", op)
@@ -632,6 +645,76 @@ class PostgresStore(Store):
             return Lease(session=session_id, replica=row["owner"], token=row["fence"], expires_at=row["lease_expires"])
 
         return await self._read(f"read the lease of session {session_id}", op)
+
+    async def notify(self, channel: str, payload: str) -> None:
+        async def op(conn: Conn) -> None:
+            await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+        try:
+            await self._write(f"notify {channel}", op)
+        except StoreError as exc:
+            log.debug("store.notify_failed", channel=channel, error=str(exc))
+
+    async def next_notification(self, seconds: float) -> tuple[str, str] | None:
+        """The next NOTIFY on ``NOTIFY_CHANNELS``, on a connection of its own outside the pool,
+        waited for at most ``seconds``. A failed connection is dropped (the next call opens another)
+        and the wait is then a plain sleep."""
+        with anyio.move_on_after(seconds):
+            try:
+                listener = await self._listener_connection()
+                async for note in listener.notifies(timeout=seconds, stop_after=1):
+                    return note.channel, note.payload
+                return None
+            except (psycopg.Error, StoreError, OSError) as exc:
+                log.debug("store.listen_failed", error=self._scrub(str(exc)))
+                broken, self._listener = self._listener, None
+                if broken is not None:
+                    with anyio.CancelScope(shield=True):
+                        await broken.close()
+            await anyio.sleep(seconds)
+        return None
+
+    async def _listener_connection(self) -> Conn:
+        if self._listener is None:
+            if self._pool is None:
+                raise StoreError("the store is closed")
+            conn = await self._own_connection("listen for notifications")
+            await conn.set_autocommit(True)
+            for channel in NOTIFY_CHANNELS:
+                await conn.execute(f"LISTEN {channel}")
+            self._listener = conn
+        return self._listener
+
+    # ------------------------------------------------------------------ the replica registry
+
+    async def beat(self, replica: str, *, generation: int, sessions: int) -> ReplicaRow:
+        codec.check_replica(replica, f"cannot record replica {replica}")
+
+        async def op(conn: Conn) -> ReplicaRow:
+            row = await _fetchone(
+                conn,
+                "INSERT INTO replicas (id, generation, sessions, seen_at)"
+                f" VALUES (%(id)s, %(generation)s, %(sessions)s, {_NOW})"
+                " ON CONFLICT (id) DO UPDATE SET generation = EXCLUDED.generation,"
+                " sessions = EXCLUDED.sessions, seen_at = EXCLUDED.seen_at"
+                " RETURNING id, generation, sessions, seen_at",
+                {"id": replica, "generation": generation, "sessions": sessions},
+            )
+            assert row is not None
+            return ReplicaRow(**row)
+
+        return await self._write(f"record replica {replica}", op)
+
+    async def live_replicas(self, max_age: float) -> list[ReplicaRow]:
+        async def op(conn: Conn) -> list[ReplicaRow]:
+            rows = await _fetchall(
+                conn,
+                f"SELECT id, generation, sessions, seen_at FROM replicas WHERE seen_at > {_NOW} - %s ORDER BY id",
+                (float(max_age),),
+            )
+            return [ReplicaRow(**row) for row in rows]
+
+        return await self._read("read the live replicas", op)
 
     # ------------------------------------------------------------------ plumbing
 

@@ -41,6 +41,7 @@ from agentd.store.base import (
     CommittedTurn,
     Lease,
     LeaseLost,
+    ReplicaRow,
     Store,
     StoredEntry,
     StoredSession,
@@ -540,6 +541,36 @@ class SqliteStore(Store):
             return Lease(session=session_id, replica=row["owner"], token=row["fence"], expires_at=row["lease_expires"])
 
         return await self._read(f"read the lease of session {session_id}", op)
+
+    # ------------------------------------------------------------------ the replica registry
+
+    async def beat(self, replica: str, *, generation: int, sessions: int) -> ReplicaRow:
+        codec.check_replica(replica, f"cannot record replica {replica}")
+
+        def op(conn: sqlite3.Connection) -> ReplicaRow:
+            row = ReplicaRow(id=replica, generation=generation, sessions=sessions, seen_at=time.time())
+            conn.execute(
+                "INSERT INTO replicas (id, generation, sessions, seen_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (id) DO UPDATE SET generation = excluded.generation,"
+                " sessions = excluded.sessions, seen_at = excluded.seen_at",
+                (row.id, row.generation, row.sessions, row.seen_at),
+            )
+            return row
+
+        return await self._write(f"record replica {replica}", op, durable=False)
+
+    async def live_replicas(self, max_age: float) -> list[ReplicaRow]:
+        def op(conn: sqlite3.Connection) -> list[ReplicaRow]:
+            rows = conn.execute(
+                "SELECT id, generation, sessions, seen_at FROM replicas WHERE seen_at > ? ORDER BY id",
+                (time.time() - max_age,),
+            ).fetchall()
+            return [
+                ReplicaRow(id=r["id"], generation=r["generation"], sessions=r["sessions"], seen_at=r["seen_at"])
+                for r in rows
+            ]
+
+        return await self._read("read the live replicas", op)
 
     # ------------------------------------------------------------------ plumbing
 

@@ -36,12 +36,31 @@ from agentd.environment import child_environment, mcp_secrets, passed_through
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
 from agentd.protocol import Cancel, ChildEnv, Spawn, SwapIntel, Watch
-from agentd.records import SessionState
-from agentd.store import Store, StoredSession, StoreError, StoreUnavailable, UnknownSession
+from agentd.records import SessionState, StartedTurn, TurnRecord
+from agentd.store import (
+    CANCELS,
+    ORPHANS,
+    TURNS,
+    Lease,
+    Store,
+    StoredSession,
+    StoreError,
+    StoreUnavailable,
+    UnknownSession,
+)
 from agentd.supervisor.child import Child
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.reload import ReloadCoordinator, plan_reload, sessions_to_swap
+from agentd.supervisor.replica import (
+    RenewVerdict,
+    heartbeat_interval,
+    judge_renewal,
+    loaded_copy_is_current,
+    registry_max_age,
+    replica_id,
+    scan_interval,
+)
 from agentd.supervisor.runner import TurnRunner
 from agentd.supervisor.session import EventItem, PendingTurn, SessionRuntime
 from agentd.swap import classify_swap
@@ -49,15 +68,18 @@ from agentd.transfer import OpenerKind, opener_message, opener_plan, session_sta
 from agentd.views import (
     Accepted,
     ChildView,
+    Entry,
     MessageResult,
     PolicyView,
     PostMessage,
     ReloadResult,
+    ReplicaView,
     SessionCounts,
     SessionSummary,
     SessionView,
     StatusView,
     entry_from_message,
+    turn_done_event,
     turn_view,
 )
 
@@ -70,6 +92,8 @@ T = TypeVar("T")
 RESUME_CONCURRENCY = 16
 #: ``swapped_sessions`` of a reload result lists at most this many ids; ``swapped_total`` counts them all.
 SWAPPED_LIST_MAX = 100
+#: How often a ``wait`` for a turn that another replica runs looks at the store (seconds).
+ELSEWHERE_POLL = 0.1
 
 
 class ApiError(Exception):
@@ -117,6 +141,10 @@ class Supervisor:
         self.policy = policy
         self.generation = 1
         self.store = store
+        self.replica = replica_id()
+        # Leases are taken on a shared database only: on SQLite one daemon owns the state dir.
+        self.shared_store = bool(config.store.url)
+        self.lease_time = config.store.lease  # restart-only, like the store itself
         self.metrics = Metrics()
         self.metrics.generation.set(1)
         self.sessions: dict[str, SessionRuntime] = {}
@@ -130,12 +158,14 @@ class Supervisor:
             sessions=self.sessions,
             on_swap_acked=self._swap_acked,
             on_turn_finished=self._turn_finished,
+            replica=self.replica,
         )
         self.pool = Pool(
             settings=lambda: self.config.supervisor, spawn=self.spawn_frame, env=self.child_env, owner=self.runner
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self._turn_ended = anyio.Event()
+        self._orphans_released = anyio.Event()
         self._awaiting_acks: dict[int, tuple[set[str], float]] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -150,7 +180,178 @@ class Supervisor:
         self._tg = tg
         await tg.start(self.pool.run)
         self.runner.attach(self.pool, tg)
-        tg.start_soon(self._resume_interrupted)
+        await self._beat()
+        tg.start_soon(self._heartbeat)
+        if self.shared_store:  # other replicas may be running pending turns: take only the orphaned ones
+            tg.start_soon(self._failover_scan)
+            tg.start_soon(self._listen)
+        else:
+            tg.start_soon(self._resume_interrupted)
+
+    async def _heartbeat(self) -> None:
+        """Every ``lease / 3``: renew this replica's leases and record it in the registry."""
+        while True:
+            await anyio.sleep(heartbeat_interval(self.lease_time))
+            if self.shared_store:
+                await self._renew()
+            await self._beat()
+
+    async def _renew(self) -> None:
+        """Extend every lease this replica holds; a session missing from the answer was taken over."""
+        before = {r.id: (r.lease, r.pending) for r in self.sessions.values() if r.lease is not None}
+        try:
+            held = await self.store.renew(self.replica, self.lease_time)
+        except StoreError as exc:
+            log.warning("replica.renew_failed", replica=self.replica, error=str(exc))
+            return
+        for session_id, (asked, pending) in before.items():
+            runtime = self.sessions.get(session_id)
+            if runtime is None or asked is None:
+                continue
+            renewed = held.get(session_id)
+            same_turn = pending is not None and runtime.pending is pending
+            verdict = judge_renewal(asked, runtime.lease, renewed, same_turn=same_turn)
+            if verdict is RenewVerdict.RENEWED and renewed is not None:
+                runtime.lease = renewed
+            elif verdict is RenewVerdict.LOST:
+                await self.runner.lease_lost(runtime, "the heartbeat found the lease held by another replica")
+
+    async def _beat(self) -> None:
+        try:
+            await self.store.beat(self.replica, generation=self.generation, sessions=self._owned_sessions())
+        except StoreError as exc:
+            log.warning("replica.beat_failed", replica=self.replica, error=str(exc))
+
+    def _owned_sessions(self) -> int:
+        """How many sessions this replica owns: those it holds a lease on (a shared store), else
+        the hot ones (SQLite: this daemon owns every session; the hot ones are those it acts for now)."""
+        if self.shared_store:
+            return sum(1 for r in self.sessions.values() if r.lease is not None and r.pending is not None)
+        return len(self.sessions)
+
+    async def _claim(self, runtime: SessionRuntime) -> Lease | None:
+        """Claim the session's lease before running its turn; None while another replica holds it.
+
+        A session that another replica held since this one last did is reloaded from the store:
+        the copy loaded on a child here (and the runtime's assistant and model) may be stale.
+        """
+        try:
+            lease = await self.store.claim(runtime.id, self.replica, self.lease_time)
+        except StoreError as exc:
+            log.warning("session.claim_failed", session=runtime.id, error=str(exc))
+            return None
+        if lease is not None:
+            await self._take(runtime, lease)
+        return lease
+
+    async def _take(self, runtime: SessionRuntime, lease: Lease) -> None:
+        """Adopt ``lease`` for ``runtime``; refresh what may be stale if another replica held it since."""
+        if not loaded_copy_is_current(runtime.last_token, lease.token):
+            runtime.child = None
+            await self.pool.unload(runtime.id)
+            try:
+                stored = await self.store.session_summary(runtime.id)
+            except StoreError as exc:  # the transcript is reloaded anyway; the row is read next time
+                log.warning("session.claim_failed", session=runtime.id, error=str(exc))
+                stored = None
+            if stored is not None:
+                runtime.assistant = stored.assistant
+                runtime.model = self.model_of(stored.assistant, stored.model)
+                runtime.generation = self.generation
+        runtime.lease, runtime.last_token = lease, lease.token
+
+    async def _failover_scan(self) -> None:
+        """Every ``lease / 2`` (the first at once): claim orphaned sessions and re-run their turns.
+
+        An orphaned session has a pending turn and no live lease: its replica died (kill -9),
+        stopped (a drain released it) or was partitioned past its lease. The journal keeps a tool
+        that had run from running again.
+        """
+        while True:
+            if not self.draining:
+                try:
+                    claimed = await self.store.claim_orphaned(self.replica, self.lease_time)
+                except StoreError as exc:
+                    log.warning("replica.scan_failed", replica=self.replica, error=str(exc))
+                    claimed = []
+                for lease in claimed:
+                    await self._adopt_orphan(lease)
+            # A release that left a pending turn (another replica's drain) wakes the scan early.
+            with anyio.move_on_after(scan_interval(self.lease_time)):
+                await self._orphans_released.wait()
+            self._orphans_released = anyio.Event()
+
+    async def _listen(self) -> None:
+        """Act on what other replicas notify: orphans to scan for, turns that ended, cancels."""
+        while True:
+            note = await self.store.next_notification(scan_interval(self.lease_time))
+            if note is None:
+                continue
+            channel, payload = note
+            try:
+                await self._on_notification(channel, payload.split())
+            except Exception:  # a notification must never take the listener down
+                log.exception("replica.notification_failed", channel=channel)
+
+    async def _on_notification(self, channel: str, fields: list[str]) -> None:
+        if channel == ORPHANS:
+            self._orphans_released.set()
+        elif channel == TURNS and len(fields) == 3 and fields[2] != self.replica:
+            await self._turn_ended_elsewhere(fields[0], fields[1])
+        elif channel == CANCELS and len(fields) == 2:
+            runtime = self.sessions.get(fields[0])
+            if runtime is not None and runtime.pending is not None and runtime.pending.id == fields[1]:
+                await self._cancel_here(runtime)
+
+    async def _turn_ended_elsewhere(self, session_id: str, turn_id: str) -> None:
+        """Another replica ended a turn of a session watched here: its subscribers get ``turn.done``."""
+        runtime = self.sessions.get(session_id)
+        if runtime is None or not runtime.watched or runtime.pending is not None:
+            return
+        found = await self._ended_turn(session_id, turn_id)
+        if found is not None:
+            record, entries = found
+            runtime.publish(events.TURN_DONE, turn_id, turn_done_event(record, entries))
+
+    async def _adopt_orphan(self, lease: Lease) -> None:
+        """Run the pending turn of a session just claimed by the failover scan."""
+        try:
+            stored = await self.store.session_summary(lease.session)
+            started = await self.store.pending_turn(lease.session)
+        except StoreError as exc:
+            log.warning("session.adopt_failed", session=lease.session, error=str(exc))
+            return
+        runtime = self.sessions.get(lease.session)
+        if stored is None or started is None or (runtime is not None and runtime.pending is not None):
+            await self._store_quietly(self.store.release(lease))  # ended meanwhile: nothing to run
+            return
+        runtime = self.sessions.setdefault(stored.id, self._runtime_from_row(stored))
+        await self._take(runtime, lease)
+        log.info(events.LOG_SESSION_ADOPTED, session=stored.id, turn=started.id, token=lease.token)
+        queued = await self._register_interrupted(runtime, stored, started)
+        if queued is not None:
+            self.runner.start(runtime, queued)
+
+    async def _register_interrupted(
+        self, runtime: SessionRuntime, stored: StoredSession, started: StartedTurn
+    ) -> PendingTurn | None:
+        """Register an interrupted turn on its runtime; the turn to drive, or None if it ended now."""
+        # A restart (or failover) is not the turn's fault: its deadline starts again now.
+        turn = PendingTurn(
+            id=started.id, message=started.message, started_at=started.started_at, budget_start=time.time()
+        )
+        runtime.pending = turn
+        if stored.state == "failed":  # it failed before the restart: its turn ends as it would have
+            await self.runner.end_without_result(runtime, turn, TurnStatus.FAILED, "the session had failed")
+            return None
+        runtime.state = "running"
+        return turn
+
+    async def _store_quietly(self, call: Awaitable[object]) -> None:
+        try:
+            await call
+        except StoreError as exc:
+            log.warning("supervisor.store_failed", error=str(exc))
 
     async def _resume_interrupted(self) -> None:
         try:
@@ -167,16 +368,9 @@ class Supervisor:
             runtime = self.sessions.setdefault(stored.id, self._runtime_from_row(stored))
             if runtime.pending is not None:
                 continue
-            # A daemon restart is not the turn's fault: its deadline starts again now.
-            turn = PendingTurn(
-                id=started.id, message=started.message, started_at=started.started_at, budget_start=time.time()
-            )
-            runtime.pending = turn
-            if stored.state == "failed":  # it failed before the restart: its turn ends as it would have
-                await self.runner.end_without_result(runtime, turn, TurnStatus.FAILED, "the session had failed")
-                continue
-            runtime.state = "running"
-            queued.append((runtime, turn))
+            turn = await self._register_interrupted(runtime, stored, started)
+            if turn is not None:
+                queued.append((runtime, turn))
 
         async def resume(runtime: SessionRuntime, turn: PendingTurn) -> None:
             async with limiter:
@@ -204,6 +398,17 @@ class Supervisor:
         await self.pool.stop(grace=0)
         for runtime in list(self.sessions.values()):
             runtime.close_subscribers()
+        await self._release_all()
+
+    async def _release_all(self) -> None:
+        """A stopping replica gives up its leases (turns cut by the stop): another replica's scan
+        claims them at once instead of after the lease."""
+        with anyio.CancelScope(shield=True):
+            for runtime in list(self.sessions.values()):
+                lease, runtime.lease = runtime.lease, None
+                if lease is not None:
+                    await self._store_quietly(self.store.release(lease))
+                    log.info(events.LOG_SESSION_RELEASED, session=runtime.id, token=lease.token)
 
     def _running_turns(self) -> int:
         return sum(1 for r in self.sessions.values() if r.pending is not None and r.pending.cut is None)
@@ -477,7 +682,13 @@ class Supervisor:
             children=children,
             sessions=sessions,
             draining=self.draining,
+            replica=self.replica,
+            replicas=await self._live_replicas(),
         )
+
+    async def _live_replicas(self) -> list[ReplicaView]:
+        rows = await self._store_or_503(self.store.live_replicas(registry_max_age(self.lease_time)))
+        return [ReplicaView(id=r.id, generation=r.generation, sessions=r.sessions, seen_at=r.seen_at) for r in rows]
 
     async def metrics_text(self) -> bytes:
         """Prometheus exposition, with the gauges read fresh."""
@@ -539,7 +750,10 @@ class Supervisor:
                 session_id, SessionRuntime(session_id, name, "idle", self.generation, model)
             )
             turn = await self._start_turn(runtime, None)
-            await turn.done.wait()
+            if turn.elsewhere:
+                await self._wait_elsewhere(session_id, turn.id)
+            else:
+                await turn.done.wait()
         return await self.get_session(session_id)
 
     async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]:
@@ -639,6 +853,8 @@ class Supervisor:
         turn = await self._start_turn(runtime, message, durable=not body.wait)
         if not body.wait:
             return Accepted(turn_id=turn_id)
+        if turn.elsewhere:
+            return await self._wait_elsewhere(runtime.id, turn.id)
         await turn.done.wait()
         return self._turn_result(turn)
 
@@ -661,8 +877,45 @@ class Supervisor:
             except StoreError as exc:
                 runtime.pending, runtime.state = None, "idle"
                 raise ApiError(409, "turn_refused", str(exc)) from None
+            if self.shared_store and await self._claim(runtime) is None:
+                # Another replica holds the session (its previous turn is ending, or its failover
+                # scan took this one): the turn is stored, and the holder or the scan runs it.
+                runtime.pending, runtime.state, turn.elsewhere = None, "idle", True
+                log.info(events.LOG_SESSION_ELSEWHERE, session=runtime.id, turn=turn.id)
+                self.runner.evict_if_cold(runtime)
+                return turn
         self.runner.start(runtime, turn)
         return turn
+
+    async def _wait_elsewhere(self, session_id: str, turn_id: str) -> MessageResult:
+        """``wait`` for a turn another replica runs: poll the store until the turn has ended there."""
+        bound = self.config.limits.deadline + 3 * self.lease_time + 10.0
+        with anyio.move_on_after(bound):
+            while True:
+                pending = await self._store_or_503(self.store.pending_turn(session_id))
+                if pending is None or pending.id != turn_id:
+                    break
+                await anyio.sleep(ELSEWHERE_POLL)
+        found = await self._store_or_503(self._ended_turn(session_id, turn_id))
+        if found is None:
+            raise ApiError(
+                503, "turn_elsewhere", f"turn {turn_id} runs on another replica and has not ended yet", turn=turn_id
+            )
+        record, entries = found
+        return MessageResult(turn=turn_view(record), messages=entries)
+
+    async def _ended_turn(self, session_id: str, turn_id: str) -> tuple[TurnRecord, list[Entry]] | None:
+        """A turn that ended, as committed (its record and the entries it added), or None if it has not."""
+        stored = await self.store.load_session(session_id)
+        record = next((t for t in stored.turns if t.id == turn_id), None) if stored is not None else None
+        if stored is None or not isinstance(record, TurnRecord):
+            return None
+        entries = [
+            entry_from_message(e.seq, e.message)
+            for e in stored.transcript
+            if e.message.turn == turn_id and not isinstance(e.message, UserMessage)
+        ]
+        return record, entries
 
     def _turn_result(self, turn: PendingTurn) -> MessageResult:
         if turn.record is None:  # stopped without ending: the daemon is shutting down
@@ -685,8 +938,19 @@ class Supervisor:
         """Ask the child running the session's turn to cancel it; the turn then ends ``cancelled``."""
         runtime = await self._open_runtime(session_id)
         turn = runtime.pending
+        if turn is None and self.shared_store:  # it may run on another replica: ask it to cancel
+            started = await self._store_or_503(self.store.pending_turn(session_id))
+            if started is not None:
+                await self.store.notify(CANCELS, f"{session_id} {started.id}")
+                return started.id
         if turn is None:
             raise ApiError(409, "no_turn", f"session {session_id} has no turn running")
+        return await self._cancel_here(runtime)
+
+    async def _cancel_here(self, runtime: SessionRuntime) -> str:
+        """Cancel the turn this replica runs for ``runtime``."""
+        turn = runtime.pending
+        assert turn is not None
         turn.cancel_requested = True
         if turn.child is not None:
             await turn.child.send(Cancel(session=runtime.id, turn=turn.id))

@@ -44,7 +44,7 @@ from agentd.protocol import (
     TurnDone,
 )
 from agentd.records import JournalEntry, TurnRecord
-from agentd.store import CommittedTurn, Store, StoreError, StoreUnavailable
+from agentd.store import TURNS, CommittedTurn, LeaseLost, Store, StoreError, StoreUnavailable
 from agentd.supervisor.blame import CrashVerdict, blame, quarantined, rerun_allowed
 from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Pool
@@ -61,6 +61,7 @@ DEADLINE_GRACE = 5.0
 COMMIT_RETRY_START = 0.5
 COMMIT_RETRY_MAX = 10.0
 SHUTDOWN_CUT = "agentd is shutting down; the turn was not finished and re-runs at the next start"
+LEASE_LOST_CUT = "another replica took the session over; the turn runs there and its result stands"
 
 
 class Generation(Protocol):
@@ -93,8 +94,10 @@ class TurnRunner:
         sessions: MutableMapping[str, SessionRuntime],
         on_swap_acked: Callable[[Child, int], None],
         on_turn_finished: Callable[[], None],
+        replica: str = "",
     ) -> None:
         self.store = store
+        self.replica = replica  # this replica's id, in the notifications it sends
         self.metrics = metrics
         self.running = running
         self.sessions = sessions  # the hot sessions, by id (shared with the supervisor)
@@ -257,10 +260,19 @@ class TurnRunner:
             try:
                 if finished:
                     await self.store.journal_finish(
-                        runtime.id, frame.turn, entry.seq, content=entry.content, is_error=entry.is_error
+                        runtime.id,
+                        frame.turn,
+                        entry.seq,
+                        content=entry.content,
+                        is_error=entry.is_error,
+                        lease=runtime.lease,
                     )
                 else:
-                    await self.store.journal_start(runtime.id, frame.turn, entry)
+                    await self.store.journal_start(runtime.id, frame.turn, entry, lease=runtime.lease)
+            except LeaseLost as exc:
+                error = str(exc)
+                assert self._tg is not None
+                self._tg.start_soon(self.lease_lost, runtime, str(exc))
             except StoreError as exc:
                 error = str(exc)
         if error is not None:
@@ -287,7 +299,8 @@ class TurnRunner:
         if (runtime.generation, runtime.model) != (generation, model):
             runtime.generation, runtime.model = generation, model
             await self._store_quietly(
-                self.store.update_session(runtime.id, generation=generation, model=model), runtime.id
+                self.store.update_session(runtime.id, generation=generation, model=model, lease=runtime.lease),
+                runtime.id,
             )
         return True
 
@@ -314,11 +327,16 @@ class TurnRunner:
         now = time.time()
         with anyio.CancelScope(shield=True):
             try:
-                await self.store.abandon_turn(runtime.id, turn.id, status=status.value, error=error, ended_at=now)
+                await self.store.abandon_turn(
+                    runtime.id, turn.id, status=status.value, error=error, ended_at=now, lease=runtime.lease
+                )
+            except LeaseLost as exc:
+                await self.lease_lost(runtime, str(exc))
+                return
             except StoreError as exc:  # e.g. its results were committed meanwhile: nothing to abandon
                 log.warning("turn.abandon_failed", session=runtime.id, turn=turn.id, error=str(exc))
-        record = TurnRecord(id=turn.id, status=status, started_at=turn.started_at, ended_at=now, error=error)
-        self._finish(runtime, turn, record)
+            record = TurnRecord(id=turn.id, status=status, started_at=turn.started_at, ended_at=now, error=error)
+            await self._finish(runtime, turn, record)
 
     async def fail(self, runtime: SessionRuntime, error: str) -> None:
         """Mark the session failed (kept, visible, resumable by a new message); its turn ends failed."""
@@ -329,9 +347,62 @@ class TurnRunner:
             await self.end_without_result(runtime, runtime.pending, TurnStatus.FAILED, error)
         await self._store_quietly(self.store.update_session(runtime.id, state="failed"), runtime.id)
 
-    def _finish(self, runtime: SessionRuntime, turn: PendingTurn, record: TurnRecord) -> None:
+    async def lease_lost(self, runtime: SessionRuntime, reason: str) -> None:
+        """Another replica took the session over: stop acting for it, writing nothing (RFC 0009 §7).
+
+        The turn in flight here (if any) is cancelled on its child and dropped: the replica that
+        holds the lease now re-runs it and its result is the one that stands. The session is
+        unloaded here, so a later turn on this replica loads what the store has.
+        """
+        # The stale lease stays: any write still made with it is refused by the store (never unfenced).
+        lease = runtime.lease
+        turn = runtime.pending
+        log.warning(
+            events.LOG_SESSION_LEASE_LOST,
+            session=runtime.id,
+            turn=turn.id if turn is not None else None,
+            token=lease.token if lease is not None else None,
+            reason=reason,
+        )
+        if turn is not None:
+            child, runtime.pending = turn.child, None
+            if runtime.state == "running":
+                runtime.state = "idle"
+            if not turn.done.is_set():
+                turn.cut, turn.cut_code = LEASE_LOST_CUT, "lease_lost"
+                turn.mark_done()
+            if child is not None and child.usable:
+                await child.send(Cancel(session=runtime.id, turn=turn.id))
+            self._on_turn_finished()
+        if lease is not None:  # refused when truly lost; were it still ours, the turn is left to a scan
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.store.release(lease)
+                except StoreError as exc:
+                    log.warning("session.release_failed", session=runtime.id, error=str(exc))
+        if self.pool is not None:
+            runtime.child = None
+            await self.pool.unload(runtime.id)
+        self.evict_if_cold(runtime)
+
+    async def _release(self, runtime: SessionRuntime) -> None:
+        """Give the session's lease up once its turn ended, so any replica can run its next turn."""
+        lease, runtime.lease = runtime.lease, None
+        if lease is None:
+            return
+        try:
+            await self.store.release(lease)
+        except StoreError as exc:  # it expires by itself
+            log.warning("session.release_failed", session=runtime.id, error=str(exc))
+
+    async def _finish(self, runtime: SessionRuntime, turn: PendingTurn, record: TurnRecord) -> None:
         if turn.record is not None:  # ended already (a close racing the commit): once only
             return
+        turn.record = record  # before any await: a second ending stops at the line above
+        if runtime.lease is not None:  # a shared store: other replicas' subscribers hear of the turn
+            assert self._tg is not None
+            self._tg.start_soon(self.store.notify, TURNS, f"{runtime.id} {record.id} {self.replica}")
+        await self._release(runtime)  # before the answer: the next message may go to any replica
         if runtime.child is not None:  # a swap parked during the turn was adopted at its end
             runtime.generation = max(runtime.generation, runtime.child.generation)
         runtime.pending = None
@@ -450,7 +521,7 @@ class TurnRunner:
             ]
             if model is not None:  # a transfer: the session now runs on the destination's model
                 runtime.assistant, runtime.model = done.assistant, model
-            self._finish(runtime, pending, committed.record)
+            await self._finish(runtime, pending, committed.record)
 
     async def _commit(
         self, runtime: SessionRuntime, pending: PendingTurn, done: TurnDone, model: str | None
@@ -471,7 +542,11 @@ class TurnRunner:
                     messages=done.messages,
                     transcript=done.transcript,
                     model=model,
+                    lease=runtime.lease,
                 )
+            except LeaseLost as exc:
+                await self.lease_lost(runtime, str(exc))
+                return None
             except StoreUnavailable as exc:
                 if self.stopping:  # the turn stays stored as pending: it re-runs at the next start
                     return None

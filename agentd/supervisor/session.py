@@ -21,6 +21,7 @@ from agentd.records import SessionState, TurnRecord
 from agentd.views import Entry
 
 if TYPE_CHECKING:
+    from agentd.store import Lease
     from agentd.supervisor.child import Child
 
 __all__ = ["PendingTurn", "SessionRuntime"]
@@ -50,6 +51,8 @@ class PendingTurn:
     # Set when it stopped without ending (the daemon is shutting down): the API answers 503 with this.
     cut: str | None = None
     cut_code: str = "turn_cut"  # the API error code for ``cut``
+    # Stored here but run by another replica (it held the session's lease): waited for in the store.
+    elsewhere: bool = False
 
     # Set when the current run settles: the turn ended, or its child was lost (one wait for both).
     settled: anyio.Event = field(default_factory=anyio.Event)
@@ -101,6 +104,10 @@ class SessionRuntime:
         self.crashes: tuple[float, ...] = ()  # monotonic times of crashes it was blamed for
         self.idle_since = time.monotonic()
         self.closing = False
+        # On a shared store (RFC 0009 §7): the lease this replica holds while it runs the session's
+        # turn (its writes are fenced by it), and the token of the last lease it held here.
+        self.lease: Lease | None = None
+        self.last_token: int | None = None
         # Events that arrived after a TurnDone still being committed; published after its turn.done.
         self.backlog: list[tuple[str, str | None, dict[str, Any]]] | None = None
         self._subscribers: set[MemoryObjectSendStream[EventItem]] = set()

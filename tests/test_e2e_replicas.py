@@ -1,0 +1,259 @@
+"""Several ``agentd run`` replicas on one PostgreSQL database (RFC 0009 §7), end to end.
+
+Real processes on the suite's server, each replica with a state dir (and socket) of its own and a
+short lease. "Mid-turn" is an event — the scripted model of assistant ``held`` waits for the hold
+file — and takeovers are waited for as log events, never guessed with a sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.daemon_harness import Daemon, child_pids_of, two_assistant_config, wait_until
+from tests.pg_harness import PgServer
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "echo-small"
+LEASE = "2s"
+ONE_CHILD = "children = 1\nspare_children = 0"
+
+
+@contextlib.contextmanager
+def replicas(
+    tmp: Path, pg: PgServer, count: int, *, supervisor: str = ONE_CHILD, lease: str = LEASE
+) -> Iterator[tuple[list[Daemon], Path]]:
+    """``count`` replicas on one new database (lease 2s); they and the hold file they share."""
+    hold = tmp / "hold"
+    with pg.database() as url:
+        top = f'[store]\nurl = "{url}"\nlease = "{lease}"\n'
+        config = two_assistant_config(hold, top=top, supervisor=supervisor)
+        started: list[Daemon] = []
+        try:
+            for index in range(count):
+                home = tmp / f"r{index}"
+                home.mkdir()
+                env = {"AGENTD_REPLICA_ID": f"r{index}"}
+                started.append(Daemon(home, config, env=env, state_dir=home / "state").start())
+            yield started, hold
+        finally:
+            hold.touch()  # nothing stays held while the replicas stop
+            for daemon in started:
+                with contextlib.suppress(ProcessLookupError):
+                    if daemon.process is not None and daemon.process.poll() is None:
+                        os.kill(daemon.process.pid, signal.SIGCONT)
+                daemon.stop()
+
+
+def answers(daemon: Daemon, session: str, turn: str) -> list[Any]:
+    """The assistant entries a turn committed (exactly one when it was committed once)."""
+    return [e for e in daemon.entries(session, turn) if e["role"] == "assistant"]
+
+
+def kill_replica(daemon: Daemon) -> None:
+    """kill -9 of a replica, its children with it (a pod that vanished)."""
+    assert daemon.process is not None
+    children = child_pids_of(daemon.process.pid)
+    daemon.process.kill()
+    daemon.process.wait()
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_any_replica_serves_any_session(tmp_path: Path, pg: PgServer) -> None:
+    with replicas(tmp_path, pg, 3) as (started, _hold):
+        a, b, c = started
+        session = a.new_session("main")
+        reply = b.send(session, "hello from b")  # posted to a replica that did not create it
+        assert reply["turn"]["status"] == "completed"
+        assert reply["messages"][-1]["content"] == f"[{MODEL}] You said: hello from b"
+        seen = c.session(session)  # visible on a third
+        assert [t["status"] for t in seen["turns"]] == ["completed"]
+        assert seen["transcript"][-1]["content"] == f"[{MODEL}] You said: hello from b"
+
+        accepted = c.send(session, "and from c", wait=False)
+        assert a.turn(session, accepted["turn_id"])["status"] == "completed"
+        assert [e["content"] for e in answers(b, session, accepted["turn_id"])] == [f"[{MODEL}] You said: and from c"]
+        again = a.send(session, "back on a")  # a's copy of the session is stale: it reloads it
+        assert again["turn"]["status"] == "completed"
+        assert len(a.session(session)["turns"]) == 3
+
+        def all_live() -> Any:
+            status = a.status()
+            return status if len(status["replicas"]) == 3 else None
+
+        status = all_live() or wait_until(all_live, "three live replicas")
+        assert status["replica"] == "r0"
+        assert [r["id"] for r in status["replicas"]] == ["r0", "r1", "r2"]
+        assert all(r["generation"] == 1 for r in status["replicas"])
+        for daemon in started:  # every replica released its leases after its turns
+            assert not daemon.log_events("session.lease_lost")
+
+
+def test_a_killed_owner_mid_turn_is_taken_over_and_the_turn_commits_once(tmp_path: Path, pg: PgServer) -> None:
+    with replicas(tmp_path, pg, 3) as (started, hold):
+        a, b, c = started
+        session = a.new_session("held")
+        turn = a.send(session, "hold this", wait=False)["turn_id"]
+        a.wait_log("session.loaded", lambda r: r.get("session") == session)  # on a's child, held
+        kill_replica(a)
+        adopted = wait_until(
+            lambda: [d for d in (b, c) if d.log_events("session.adopted")], "another replica to adopt the session"
+        )
+        [taker] = adopted
+        [event] = taker.log_events("session.adopted")
+        assert event["session"] == session and event["turn"] == turn
+        hold.touch()
+        record = taker.turn(session, turn)
+        assert record["status"] == "completed"
+        other = c if taker is b else b
+        assert [e["content"] for e in answers(other, session, turn)] == [f"[{MODEL}] You said: hold this"]
+        assert [t["id"] for t in other.session(session)["turns"]] == [turn]
+
+
+def test_a_paused_replica_past_its_lease_cannot_commit_after_it_resumes(tmp_path: Path, pg: PgServer) -> None:
+    with replicas(tmp_path, pg, 2) as (started, hold):
+        a, b = started
+        session = a.new_session("held")
+        turn = a.send(session, "hold this", wait=False)["turn_id"]
+        a.wait_log("session.loaded", lambda r: r.get("session") == session)
+        assert a.process is not None
+        a.signal(signal.SIGSTOP)  # its child runs on; the supervisor is frozen past its lease
+        b.wait_log("session.adopted", lambda r: r.get("session") == session)
+        hold.touch()  # both children finish the model call; only b may commit
+        assert b.turn(session, turn)["status"] == "completed"
+        a.signal(signal.SIGCONT)
+        # The heartbeat, the commit of the result a's child sent, or both find the lease gone.
+        a.wait_log("session.lease_lost", lambda r: r.get("session") == session)
+        assert [e["content"] for e in answers(b, session, turn)] == [f"[{MODEL}] You said: hold this"]
+        assert [t["status"] for t in a.session(session)["turns"]] == ["completed"]
+        assert a.send(session, "a again")["turn"]["status"] == "completed"  # a serves it again, reloaded
+        assert len(answers(b, session, a.session(session)["turns"][-1]["id"])) == 1
+
+
+def test_a_drained_replica_releases_its_leases_and_another_takes_over(tmp_path: Path, pg: PgServer) -> None:
+    # A long lease: the takeover cannot come from expiry within the test, only from the release.
+    with replicas(tmp_path, pg, 2, supervisor=ONE_CHILD + '\nstop_grace = "1s"', lease="600s") as (started, hold):
+        a, b = started
+        session = a.new_session("held")
+        turn = a.send(session, "hold this", wait=False)["turn_id"]
+        a.wait_log("session.loaded", lambda r: r.get("session") == session)
+        a.signal(signal.SIGTERM)  # the held turn outlives stop_grace: it is cut and its lease released
+        a.wait_exit()
+        [released] = a.log_events("session.released")
+        assert released["session"] == session
+        b.wait_log("session.adopted", lambda r: r.get("session") == session and r.get("turn") == turn)
+        hold.touch()
+        assert b.turn(session, turn)["status"] == "completed"
+        assert [e["content"] for e in answers(b, session, turn)] == [f"[{MODEL}] You said: hold this"]
+
+
+def test_events_and_cancel_on_a_replica_that_does_not_run_the_turn(tmp_path: Path, pg: PgServer) -> None:
+    with replicas(tmp_path, pg, 2) as (started, _hold):
+        a, b = started
+        session = a.new_session("held")
+        stream = b.events(session)  # b watches; the turns run on a
+        turn = a.send(session, "hold this", wait=False)["turn_id"]
+        a.wait_log("session.loaded", lambda r: r.get("session") == session)
+        cancelled = b.json("POST", f"/v1/sessions/{session}/cancel", status=202)
+        assert cancelled == {"turn_id": turn, "cancelling": True}
+        assert a.turn(session, turn)["status"] == "cancelled"
+        done = stream.wait("turn.done", lambda data: data.get("turn") == turn)
+        assert done["status"] == "cancelled"
+
+
+def test_a_reload_of_one_replica_shows_in_the_status_of_every_replica(tmp_path: Path, pg: PgServer) -> None:
+    with replicas(tmp_path, pg, 2) as (started, _hold):
+        a, b = started
+        b.write_config(b.config_path.read_text().replace('model = "echo-small"', 'model = "echo-large"', 1))
+        b.reload_via_signal()
+        b.wait_log("config.reload", lambda r: r.get("applied") is True and r.get("generation") == 2)
+
+        def generations() -> Any:
+            seen = {r["id"]: r["generation"] for r in a.status()["replicas"]}
+            return seen if seen == {"r0": 1, "r1": 2} else None
+
+        assert wait_until(generations, "r1's generation 2 in r0's status") == {"r0": 1, "r1": 2}
+        assert a.status()["generation"] == 1 and b.status()["generation"] == 2
+
+
+def test_chaos_replica_kills_while_clients_send_every_accepted_message_is_committed_once(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    """Clients post to random replicas while replicas are killed (-9) and replaced: accepted = committed."""
+    rng = random.Random(11)
+    with replicas(tmp_path, pg, 3) as (started, _hold):
+        live = list(started)
+        lock = threading.Lock()
+        accepted: dict[str, str] = {}  # turn id -> session
+        stop = threading.Event()
+        sessions = [live[i % 3].new_session("main") for i in range(3)]
+
+        def some_replica() -> Daemon:
+            with lock:
+                return rng.choice(live)
+
+        def idle(session: str) -> bool:
+            try:
+                return all(t["status"] != "pending" for t in some_replica().session(session)["turns"])
+            except (httpx.HTTPError, AssertionError):
+                return False
+
+        def client(session: str) -> None:
+            sent = 0
+            while not stop.is_set():
+                wait_until(lambda: idle(session), f"session {session} to be idle", timeout=120)
+                try:
+                    response = some_replica().api(
+                        "POST", f"/v1/sessions/{session}/messages", {"content": f"m{sent}", "wait": False}
+                    )
+                except httpx.HTTPError:
+                    continue  # that replica is gone; the message may be stored, and then runs anyway
+                if response.status_code == 202:
+                    with lock:
+                        accepted[response.json()["turn_id"]] = session
+                    sent += 1
+
+        threads = [threading.Thread(target=client, args=(s,), daemon=True) for s in sessions]
+        for thread in threads:
+            thread.start()
+        for round_ in range(2):
+            wait_until(lambda n=round_: len(accepted) >= 5 * (n + 1), "clients to get messages accepted")
+            with lock:
+                victim = live.pop(rng.randrange(len(live)))
+            kill_replica(victim)
+            home = tmp_path / f"replacement{round_}"
+            home.mkdir()
+            replacement = Daemon(
+                home,
+                victim.config_path.read_text(),
+                env={"AGENTD_REPLICA_ID": f"new{round_}"},
+                state_dir=home / "state",
+            ).start()
+            started.append(replacement)
+            with lock:
+                live.append(replacement)
+        wait_until(lambda: len(accepted) >= 15, "more messages accepted after the kills")
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+        reader = live[0]
+        for session in sessions:
+            wait_until(lambda s=session: idle(s), f"session {session} to end its turns", timeout=120)
+        by_session = {s: reader.session(s) for s in sessions}
+        for turn_id, session in accepted.items():
+            view = by_session[session]
+            [record] = [t for t in view["turns"] if t["id"] == turn_id]
+            assert record["status"] == "completed", record
+            assert len([e for e in view["transcript"] if e.get("turn") == turn_id and e["role"] == "assistant"]) == 1

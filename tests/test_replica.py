@@ -1,0 +1,64 @@
+"""The replica's id, timings and lease decisions (RFC 0009 §7): pure functions."""
+
+from __future__ import annotations
+
+from agentd.store import Lease
+from agentd.supervisor.replica import (
+    ENV_REPLICA_ID,
+    RenewVerdict,
+    heartbeat_interval,
+    judge_renewal,
+    loaded_copy_is_current,
+    registry_max_age,
+    replica_id,
+    scan_interval,
+)
+
+
+def test_the_replica_id_is_the_env_var_when_set() -> None:
+    assert replica_id({ENV_REPLICA_ID: " pod-7 "}, hostname="h", pid=1) == "pod-7"
+
+
+def test_the_default_replica_id_is_host_pid_and_random() -> None:
+    first = replica_id({}, hostname="web-1", pid=42)
+    second = replica_id({ENV_REPLICA_ID: ""}, hostname="web-1", pid=42)
+    assert first.startswith("web-1-42-") and second.startswith("web-1-42-")
+    assert len(first) == len("web-1-42-") + 4
+    assert replica_id({}, hostname="", pid=3).startswith("agentd-3-")
+
+
+def test_timings_are_fractions_of_the_lease() -> None:
+    assert heartbeat_interval(9.0) == 3.0
+    assert scan_interval(9.0) == 4.5
+    assert registry_max_age(2.0) == 6.0
+    assert heartbeat_interval(2.0) < scan_interval(2.0) < 2.0 < registry_max_age(2.0)
+
+
+def test_a_loaded_copy_is_current_only_if_no_other_replica_claimed_in_between() -> None:
+    assert loaded_copy_is_current(4, 4)  # an extension of the same lease
+    assert loaded_copy_is_current(4, 5)  # released, then claimed again by this replica
+    assert not loaded_copy_is_current(4, 6)  # another replica held it in between
+    assert not loaded_copy_is_current(None, 1)  # never held here
+
+
+def lease(token: int, expires_at: float = 10.0) -> Lease:
+    return Lease(session="s1", replica="r1", token=token, expires_at=expires_at)
+
+
+def test_a_renewed_lease_with_the_same_token_is_kept() -> None:
+    asked = lease(3)
+    assert judge_renewal(asked, asked, lease(3, 20.0), same_turn=True) is RenewVerdict.RENEWED
+
+
+def test_a_lease_that_changed_while_the_renew_ran_is_not_judged() -> None:
+    asked = lease(3)
+    # The turn ended (released) and the next one claimed again meanwhile: the renew's answer is stale.
+    assert judge_renewal(asked, lease(4), None, same_turn=False) is RenewVerdict.CHANGED
+    assert judge_renewal(asked, None, None, same_turn=True) is RenewVerdict.CHANGED
+
+
+def test_a_missing_lease_is_lost_only_while_its_turn_runs_here() -> None:
+    asked = lease(3)
+    assert judge_renewal(asked, asked, None, same_turn=True) is RenewVerdict.LOST
+    assert judge_renewal(asked, asked, lease(5), same_turn=True) is RenewVerdict.LOST  # another token
+    assert judge_renewal(asked, asked, None, same_turn=False) is RenewVerdict.IDLE
