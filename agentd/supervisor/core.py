@@ -92,6 +92,9 @@ T = TypeVar("T")
 RESUME_CONCURRENCY = 16
 #: ``swapped_sessions`` of a reload result lists at most this many ids; ``swapped_total`` counts them all.
 SWAPPED_LIST_MAX = 100
+#: How long a reload waits for its children's acks before its per-session bookkeeping (a hung child
+#: is the ping's to find, RFC 0006 §9).
+ACK_WAIT = 1.0
 #: How often a ``wait`` for a turn that another replica runs looks at the store (seconds).
 ELSEWHERE_POLL = 0.1
 
@@ -167,6 +170,7 @@ class Supervisor:
         self._turn_ended = anyio.Event()
         self._orphans_released = anyio.Event()
         self._awaiting_acks: dict[int, tuple[set[str], float]] = {}
+        self._all_acked = anyio.Event()  # set when the newest fan-out's children have all acked
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -462,6 +466,7 @@ class Supervisor:
         children.discard(child.id)
         if not children:
             del self._awaiting_acks[generation]
+            self._all_acked.set()
             log.info(events.LOG_SWAP_FANOUT_ACKED, generation=generation, seconds=round(time.monotonic() - started, 4))
 
     # ------------------------------------------------------------------ reload
@@ -624,21 +629,32 @@ class Supervisor:
         children = [c for c in self.pool.children.values() if c.usable]
         # Older generations still waiting for acks are superseded (their children may be gone).
         self._awaiting_acks = {frame.generation: ({c.id for c in children}, time.monotonic())}
+        self._all_acked = anyio.Event()
+        if not children:
+            self._all_acked.set()
+
+        sent: list[Child] = []
 
         async def send(child: Child) -> None:
             if await child.send(frame):
-                log.info(
-                    events.LOG_SWAP_SENT,
-                    child=child.id,
-                    pid=child.pid,
-                    generation=frame.generation,
-                    sessions=len(child.loaded),
-                    policy=frame.policy.value,
-                )
+                sent.append(child)
 
         async with anyio.create_task_group() as tg:  # all at once: one slow child delays no other
             for child in children:
                 tg.start_soon(send, child)
+        for child in sent:  # logged after every frame is on its way: no log line delays a send
+            log.info(
+                events.LOG_SWAP_SENT,
+                child=child.id,
+                pid=child.pid,
+                generation=frame.generation,
+                sessions=len(child.loaded),
+                policy=frame.policy.value,
+            )
+        # The bookkeeping below walks every hot session: it waits until the children have acked
+        # (or a moment has passed), so it never sits between a child's ack and its reading.
+        with anyio.move_on_after(ACK_WAIT):
+            await self._all_acked.wait()
         if not intelligence_changed:
             return [], 0
         hot = sessions_to_swap(
