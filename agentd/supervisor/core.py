@@ -878,7 +878,10 @@ class Supervisor:
         self, runtime: SessionRuntime, message: UserMessage | None, *, durable: bool = True
     ) -> PendingTurn:
         turn = PendingTurn(
-            id=message.turn if message and message.turn else _new_id("t"), message=message, started_at=time.time()
+            id=message.turn if message and message.turn else _new_id("t"),
+            message=message,
+            started_at=time.time(),
+            fresh=True,
         )
         if runtime.pending is not None:
             raise ApiError(409, "turn_running", f"session {runtime.id} is already running turn {runtime.pending.id}")

@@ -241,6 +241,8 @@ class TurnRunner:
         them. None when the journal cannot be read: the turn ends failed rather than risk running
         a side-effecting call twice.
         """
+        if turn.fresh and turn.runs == 1:  # its first run: nothing was journaled (a store read saved)
+            return []
         await turn.journal_quiet()
         try:
             return await self.store.journal_entries(runtime.id, turn.id)

@@ -47,6 +47,9 @@ class PendingTurn:
     lost: anyio.Event = field(default_factory=anyio.Event)  # that child ended before the turn did
     crashed: bool = False  # ... and it was a crash (not a stop the pool asked for)
     runs: int = 0  # how many times it was delivered to a child
+    # Accepted by this process just now (not resumed or adopted from the store): before its first
+    # run nothing can have been journaled for it, so that run reads no journal.
+    fresh: bool = False
     cancel_requested: bool = False
     # Set when it stopped without ending (the daemon is shutting down): the API answers 503 with this.
     cut: str | None = None
