@@ -602,7 +602,7 @@ class Reload:
     acked: float  # intel.swap.fanout_acked ``seconds``
     acked_logged: float  # the fanout_acked line's timestamp
     reload_logged: float  # config.reload
-    all_parked: float | None  # last intel.swap.parked (the held turns; None: no swap for them)
+    all_parked: float | None  # last intel.swap.parked_running (the held turns; None: no swap for them)
     all_applied: float  # last intel.swap.applied (the idle loaded sessions)
 
 
@@ -643,7 +643,8 @@ class Reloader:
         text = scale_config(self.mode, generation=generation, hold=self.hold, hold_file=self.hold_file)
         write_atomically(self.daemon.config_path, text)
         self.tail.records()  # skip what came before
-        parked: dict[str, float] = {}
+        parked: dict[str, float] = {}  # child → when its intel.swap.parked_running line came
+        parked_sessions: dict[str, int] = {}  # child → how many of its turns in flight parked the swap
         applied: dict[str, float] = {}
         idle_applied: dict[str, tuple[int, float]] = {}  # child → (sessions it swapped at once, when)
         acked: tuple[float, float] | None = None
@@ -657,8 +658,9 @@ class Reloader:
                     continue
                 if event == "intel.swap.fanout_acked":
                     acked = float(record["seconds"]), log_time(record) - sent
-                elif event == "intel.swap.parked":
-                    parked[str(record["session"])] = log_time(record) - sent
+                elif event == "intel.swap.parked_running":
+                    parked[str(record["child"])] = log_time(record) - sent
+                    parked_sessions[str(record["child"])] = int(record["sessions"])
                 elif event == "intel.swap.applied":
                     applied[str(record["session"])] = log_time(record) - sent
                 elif event == "intel.swap.applied_idle":
@@ -670,12 +672,17 @@ class Reloader:
             now = time.time()
             # A swap is not written to each session's row (RFC 0006 §8): nothing to read back.
             swapped = len(applied) + sum(n for n, _ in idle_applied.values())
-            if acked is not None and reload_logged is not None and len(parked) >= parks and swapped >= self.idle:
+            if (
+                acked is not None
+                and reload_logged is not None
+                and sum(parked_sessions.values()) >= parks
+                and swapped >= self.idle
+            ):
                 break
             if now - sent > RELOAD_TIMEOUT:
                 raise RuntimeError(
                     f"generation {generation} not settled after {RELOAD_TIMEOUT:g}s: acked {acked}, "
-                    f"parked {len(parked)}/{parks}, applied {swapped}/{self.idle}, "
+                    f"parked {sum(parked_sessions.values())}/{parks}, applied {swapped}/{self.idle}, "
                     f"stored {self.stored(generation)}/{self.idle} (log {self.daemon.log_path})"
                 )
             time.sleep(0.002)

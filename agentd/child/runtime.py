@@ -168,9 +168,10 @@ class ChildRuntime:
             if name in before and (kind := classify_swap(before[name], new)) is not None
         }
         idle: dict[str, list[str]] = {name: [] for name in swapped}
+        parked = 0
         for session in list(self.sessions.values()):
             if session.running:
-                await session.park(frame)  # applied at the turn's next boundary
+                parked += await session.park(frame)  # applied at the turn's next boundary
             else:
                 # Idle: its boundary is now (RFC 0002 §3). Parking is all the work per session, so a
                 # reload costs a child one pass and one frame, whatever it hosts (RFC 0006 §8).
@@ -182,6 +183,14 @@ class ChildRuntime:
             for name, (kind, old, new) in swapped.items()
             if idle[name]
         )
+        if parked:
+            log.info(
+                events.LOG_SWAP_PARKED_RUNNING,
+                child=self.child_id,
+                generation=frame.generation,
+                sessions=parked,
+                policy=frame.policy.value,
+            )
         if applied:
             log.info(
                 events.LOG_SWAP_APPLIED_IDLE,

@@ -100,7 +100,7 @@ class ChildSession:
         if self.watched or event in events.SUPERVISOR_EVENTS:
             await self.send(Event(session=self.id, turn=turn, name=event, data=data))
 
-    async def park(self, frame: SwapIntel) -> None:
+    async def park(self, frame: SwapIntel) -> bool:
         """Put a swap in the slot (latest wins) of a session with a turn in flight; it is applied at
         the turn's next boundary. Idle sessions are swapped by the runtime, all at once (``park_idle``)."""
         self.parked, self.parked_reported = frame, False
@@ -109,11 +109,13 @@ class ChildSession:
         self.swap_parked_event = anyio.Event()
         if not self.running:
             await self.apply_parked(turn=None)
-            return
+            return False
         target = frame.intelligence.get(self.assistant, self.current_intelligence)
         if classify_swap(self.current_intelligence, target) is None:
-            return  # another assistant changed: adopted at the boundary, no swap for this session
-        log.info(
+            return False  # another assistant changed: adopted at the boundary, no swap for this session
+        # Debug per session; the runtime logs one line for all its running sessions (a reload with
+        # many turns in flight must not cost a log line each on its way to being acknowledged).
+        log.debug(
             events.LOG_SWAP_PARKED,
             session=self.id,
             turn=self.turn_id,
@@ -130,6 +132,7 @@ class ChildSession:
             model_to=target.model,
             policy=frame.policy.value,
         )
+        return True
 
     def restart_due(self, restarts: int) -> bool:
         """Whether the in-flight turn must be discarded and re-run (restart-turn, model changed)."""
