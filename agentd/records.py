@@ -63,6 +63,7 @@ class StartedTurn(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     message: UserMessage | None
     started_at: float
+    cancel_requested: bool = False  # asked on another replica: end it cancelled, do not run it
 
 
 class JournalEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

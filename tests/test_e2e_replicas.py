@@ -173,6 +173,25 @@ def test_events_and_cancel_on_a_replica_that_does_not_run_the_turn(tmp_path: Pat
         assert done["status"] == "cancelled"
 
 
+def test_a_cancel_whose_replica_died_is_kept_and_the_adopter_ends_the_turn_cancelled(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    """The replica running the turn is killed; a cancel asked on another one, while the dead one's
+    lease still holds, is kept in the store: the replica that adopts the turn ends it ``cancelled``
+    and never runs it (RFC 0009 §7)."""
+    with replicas(tmp_path, pg, 2, lease="3s") as (started, _hold):
+        a, b = started
+        session = a.new_session("held")
+        turn = a.send(session, "hold this", wait=False)["turn_id"]
+        a.wait_log("session.loaded", lambda r: r.get("session") == session)
+        kill_replica(a)
+        assert b.json("POST", f"/v1/sessions/{session}/cancel", status=202)["turn_id"] == turn
+        record = b.turn(session, turn)  # ended once the lease expired and b adopted the turn
+        assert record["status"] == "cancelled" and "before it resumed" in record["error"], record
+        assert answers(b, session, turn) == []
+        assert b.send(session, "and now", wait=False)["turn_id"]
+
+
 def test_a_reload_of_one_replica_shows_in_the_status_of_every_replica(tmp_path: Path, pg: PgServer) -> None:
     with replicas(tmp_path, pg, 2) as (started, _hold):
         a, b = started

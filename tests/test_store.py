@@ -148,7 +148,7 @@ def every_kind(turn: str = "t0") -> list[Message]:
 
 
 async def test_schema_version_and_indexes(store: Store, backend: Backend) -> None:
-    assert migrations.SCHEMA_VERSION == 5
+    assert migrations.SCHEMA_VERSION == 6
     assert backend.schema_version() == migrations.SCHEMA_VERSION
     assert {"sessions_state", "sessions_owner", "turns_one_pending", "entries_active"} <= backend.indexes()
     assert {"owner", "lease_expires", "fence"} <= set(backend.columns("sessions"))
@@ -1120,3 +1120,17 @@ async def test_a_sqlite_file_that_claims_a_schema_without_its_tables_is_refused(
     conn.close()
     with pytest.raises(StoreError, match=r"cannot open the store .*: it says schema version \d but has no table"):
         await SqliteStore.open(db_path)
+
+
+async def test_a_cancel_request_is_kept_on_the_pending_turn_only(store: Store) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="go"), 1001.0)
+    started = await store.pending_turn("s1")
+    assert started is not None and started.cancel_requested is False
+    assert await store.request_cancel("s1", "t1") is True
+    started = await store.pending_turn("s1")
+    assert started is not None and started.cancel_requested is True
+    [(_, interrupted)] = await store.interrupted_turns()
+    assert interrupted.cancel_requested is True
+    await store.abandon_turn("s1", "t1", status="cancelled", error="cancelled", ended_at=1002.0)
+    assert await store.request_cancel("s1", "t1") is False  # not pending any more

@@ -319,6 +319,12 @@ class Store(abc.ABC):
     async def pending_turn(self, session_id: str) -> StartedTurn | None:
         """The session's pending turn (with its user message), or None. UnknownSession if the session is unknown."""
 
+    @abc.abstractmethod
+    async def request_cancel(self, session_id: str, turn_id: str) -> bool:
+        """Mark the pending turn as asked to cancel (unfenced: any replica may ask); False if it is
+        not pending. Whoever runs it next reads ``StartedTurn.cancel_requested`` and ends it
+        ``cancelled`` instead (RFC 0009 §7)."""
+
     # ------------------------------------------------------------------ the tool journal (RFC 0008 §5)
 
     @abc.abstractmethod

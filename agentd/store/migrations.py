@@ -27,6 +27,9 @@ Versions:
    database — its id, config generation, how many sessions it owns, and when it last beat
    (``seen_at``, epoch seconds by the store's clock). Rows of replicas that stopped beating are
    kept and ignored by readers.
+6. ``turns.cancel_requested``: a cancel asked for on a replica that does not run the turn, kept
+   so that the replica that runs it next — its holder, or the one that adopts it after a failover
+   — ends it ``cancelled`` instead of running it (RFC 0009 §7).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from __future__ import annotations
 __all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -118,6 +121,7 @@ SQLITE: dict[int, tuple[str, ...]] = {
         )
         """,
     ),
+    6: ("ALTER TABLE turns ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0",),
 }
 
 #: version -> the PostgreSQL statements that bring a database at version-1 to it.
@@ -203,4 +207,5 @@ POSTGRES: dict[int, tuple[str, ...]] = {
         )
         """,
     ),
+    6: ("ALTER TABLE turns ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT FALSE",),
 }

@@ -98,7 +98,7 @@ _SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated
 # A turn with its input message (for a pending turn, which has no record yet).
 _TURN_SELECT = (
     "SELECT t.n, t.session, t.id, t.status, t.message_seq, t.models, t.steps, t.restarts, t.discarded,"
-    " t.input_tokens, t.output_tokens, t.started_at, t.ended_at, t.error,"
+    " t.input_tokens, t.output_tokens, t.started_at, t.ended_at, t.error, t.cancel_requested,"
     " CASE WHEN t.status = 'pending' THEN e.message END AS input"
     " FROM turns t LEFT JOIN entries e ON e.session = t.session AND e.seq = t.message_seq"
 )
@@ -474,6 +474,16 @@ class PostgresStore(Store):
             return None if row is None else _started_from_row(row)
 
         return await self._read(f"pending turn of session {session_id}", op)
+
+    async def request_cancel(self, session_id: str, turn_id: str) -> bool:
+        async def op(conn: Conn) -> bool:
+            updated = await conn.execute(
+                "UPDATE turns SET cancel_requested = TRUE WHERE session = %s AND id = %s AND status = %s",
+                (session_id, turn_id, PENDING),
+            )
+            return updated.rowcount == 1
+
+        return await self._write(f"request the cancel of session {session_id} turn {turn_id}", op)
 
     # ------------------------------------------------------------------ the tool journal
 
@@ -1018,7 +1028,9 @@ def _started_from_row(row: Row) -> StartedTurn:
         if not isinstance(decoded, UserMessage):
             raise StoreError(f"session {row['session']} turn {row['id']}: its input entry is not a user message")
         message = decoded
-    return StartedTurn(id=row["id"], message=message, started_at=row["started_at"])
+    return StartedTurn(
+        id=row["id"], message=message, started_at=row["started_at"], cancel_requested=bool(row["cancel_requested"])
+    )
 
 
 async def _load_session(conn: Conn, session_id: str) -> StoredSession | None:

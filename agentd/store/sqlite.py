@@ -388,6 +388,18 @@ class SqliteStore(Store):
 
         return await self._read(f"pending turn of session {session_id}", op)
 
+    async def request_cancel(self, session_id: str, turn_id: str) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            return (
+                conn.execute(
+                    "UPDATE turns SET cancel_requested = 1 WHERE session = ? AND id = ? AND status = ?",
+                    (session_id, turn_id, PENDING),
+                ).rowcount
+                == 1
+            )
+
+        return await self._write(f"request the cancel of session {session_id} turn {turn_id}", op)
+
     # ------------------------------------------------------------------ the tool journal
 
     async def journal_start(
@@ -808,7 +820,7 @@ def _insert_entries(conn: sqlite3.Connection, session_id: str, messages: Sequenc
 _SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_at, owner, lease_expires, fence"
 _TURN_COLUMNS = (
     "n, session, id, status, message_seq, models, steps, restarts, discarded,"
-    " input_tokens, output_tokens, started_at, ended_at, error"
+    " input_tokens, output_tokens, started_at, ended_at, error, cancel_requested"
 )
 
 
@@ -906,7 +918,9 @@ def _started_from_row(conn: sqlite3.Connection, row: sqlite3.Row) -> StartedTurn
         if not isinstance(decoded, UserMessage):
             raise StoreError(f"session {row['session']} turn {row['id']}: its input entry is not a user message")
         message = decoded
-    return StartedTurn(id=row["id"], message=message, started_at=row["started_at"])
+    return StartedTurn(
+        id=row["id"], message=message, started_at=row["started_at"], cancel_requested=bool(row["cancel_requested"])
+    )
 
 
 def _load_session(conn: sqlite3.Connection, session_id: str) -> StoredSession | None:

@@ -348,6 +348,9 @@ class Supervisor:
         if stored.state == "failed":  # it failed before the restart: its turn ends as it would have
             await self.runner.end_without_result(runtime, turn, TurnStatus.FAILED, "the session had failed")
             return None
+        if started.cancel_requested:  # asked on a replica that did not run it (RFC 0009 §7)
+            await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled before it resumed")
+            return None
         runtime.state = "running"
         return turn
 
@@ -960,6 +963,9 @@ class Supervisor:
         if turn is None and self.shared_store:  # it may run on another replica: ask it to cancel
             started = await self._store_or_503(self.store.pending_turn(session_id))
             if started is not None:
+                # Kept in the store, so a holder that died meanwhile cannot lose it: whoever adopts
+                # the turn ends it cancelled; a live holder hears of it at once.
+                await self._store_or_503(self.store.request_cancel(session_id, started.id))
                 await self.store.notify(CANCELS, f"{session_id} {started.id}")
                 return started.id
         if turn is None:
