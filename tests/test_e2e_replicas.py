@@ -31,20 +31,28 @@ ONE_CHILD = "children = 1\nspare_children = 0"
 
 @contextlib.contextmanager
 def replicas(
-    tmp: Path, pg: PgServer, count: int, *, supervisor: str = ONE_CHILD, lease: str = LEASE
+    tmp: Path,
+    pg: PgServer,
+    count: int,
+    *,
+    supervisor: str = ONE_CHILD,
+    lease: str = LEASE,
+    more: str = "",
+    env: dict[str, str] | None = None,
 ) -> Iterator[tuple[list[Daemon], Path]]:
-    """``count`` replicas on one new database (lease 2s); they and the hold file they share."""
+    """``count`` replicas on one new database (lease 2s); they and the hold file they share.
+    ``more`` is added to the config, ``env`` to every replica's environment."""
     hold = tmp / "hold"
     with pg.database() as url:
         top = f'[store]\nurl = "{url}"\nlease = "{lease}"\n'
-        config = two_assistant_config(hold, top=top, supervisor=supervisor)
+        config = two_assistant_config(hold, top=top, supervisor=supervisor) + more
         started: list[Daemon] = []
         try:
             for index in range(count):
                 home = tmp / f"r{index}"
                 home.mkdir()
-                env = {"AGENTD_REPLICA_ID": f"r{index}"}
-                started.append(Daemon(home, config, env=env, state_dir=home / "state").start())
+                replica_env = {**(env or {}), "AGENTD_REPLICA_ID": f"r{index}"}
+                started.append(Daemon(home, config, env=replica_env, state_dir=home / "state").start())
             yield started, hold
         finally:
             hold.touch()  # nothing stays held while the replicas stop
@@ -120,6 +128,35 @@ def test_a_killed_owner_mid_turn_is_taken_over_and_the_turn_commits_once(tmp_pat
         other = c if taker is b else b
         assert [e["content"] for e in answers(other, session, turn)] == [f"[{MODEL}] You said: hold this"]
         assert [t["id"] for t in other.session(session)["turns"]] == [turn]
+
+
+TOOLED = """
+[[assistants]]
+name = "tooled"
+first_message_mode = "assistant-waits-for-user"
+tools = ["tests.tooling:held"]
+"""
+
+
+def test_a_side_effecting_tool_cut_off_by_its_replicas_death_is_never_run_again(tmp_path: Path, pg: PgServer) -> None:
+    """The owner dies while a side-effecting tool runs: the replica that adopts the turn finds the
+    call in the journal with no result, never runs it again, and the turn completes (RFC 0008 §5)."""
+    tool_log, gate = tmp_path / "tools.log", tmp_path / "tool.gate"
+    shared = {"AGENTD_TEST_TOOL_LOG": str(tool_log), "AGENTD_TEST_GATE": str(gate)}
+    with replicas(tmp_path, pg, 2, more=TOOLED, env=shared) as (started, _hold):
+        a, b = started
+        session = a.new_session("tooled")
+        turn = a.send(session, "call tool held", wait=False)["turn_id"]
+        wait_until(lambda: tool_log.exists() and "held-start" in tool_log.read_text(), "the tool to start on a")
+        kill_replica(a)
+        b.wait_log("session.adopted", lambda r: r.get("session") == session)
+        gate.touch()  # were it run again, it would finish now
+        record = b.turn(session, turn)
+        assert record["status"] == "completed", record
+        starts = [line for line in tool_log.read_text().splitlines() if line.startswith("held-start")]
+        assert len(starts) == 1, tool_log.read_text()
+        tool_entries = [e for e in b.entries(session, turn) if e["role"] == "tool"]
+        assert tool_entries and tool_entries[0].get("outcome_unknown") is True, tool_entries
 
 
 def test_a_paused_replica_past_its_lease_cannot_commit_after_it_resumes(tmp_path: Path, pg: PgServer) -> None:
