@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from agentd.store import Store
 from tests import pg_harness
 from tests.store_harness import Backend, PostgresBackend, SqliteBackend
 
@@ -46,3 +47,13 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     server: pg_harness.PgServer = request.getfixturevalue("pg")
     with server.database() as url:
         yield PostgresBackend(url)
+
+
+@pytest.fixture
+async def store(backend: Backend) -> AsyncIterator[Store]:
+    """A store opened on ``backend`` (each backend in turn), closed after the test."""
+    opened = await backend.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()

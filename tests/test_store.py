@@ -43,15 +43,6 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def store(backend: Backend) -> AsyncIterator[Store]:
-    opened = await backend.open()
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
 async def sqlite_store(db_path: Path) -> AsyncIterator[SqliteStore]:
     opened = await SqliteStore.open(db_path)
     try:

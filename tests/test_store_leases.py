@@ -28,15 +28,6 @@ TIMEOUT = 30.0
 
 
 @pytest.fixture
-async def store(backend: Backend) -> AsyncIterator[Store]:
-    opened = await backend.open()
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
 async def other(backend: Backend) -> AsyncIterator[Store]:
     """A second replica's store on the same database."""
     opened = await backend.open()

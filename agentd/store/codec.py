@@ -84,6 +84,20 @@ def check_state(state: str | None, where: str) -> None:
         raise StoreError(f"{where}: unknown state {state!r} (expected one of {sorted(SESSION_STATES)})")
 
 
+def session_fields(
+    where: str,
+    *,
+    state: str | None,
+    generation: int | None,
+    model: str | None,
+    assistant: str | None,
+) -> dict[str, Any]:
+    """The columns an ``update_session`` sets (the ones given), after checking the state."""
+    check_state(state, where)
+    given = {"state": state, "generation": generation, "model": model, "assistant": assistant}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def check_replica(replica: str, where: str) -> None:
     """StoreError unless ``replica`` is a usable replica id (not empty)."""
     if not isinstance(replica, str) or not replica:

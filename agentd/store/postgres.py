@@ -232,17 +232,7 @@ class PostgresStore(Store):
         lease: Lease | None = None,
     ) -> None:
         where = f"session {session_id}"
-        codec.check_state(state, where)
-        fields: dict[str, Any] = {
-            name: value
-            for name, value in (
-                ("state", state),
-                ("generation", generation),
-                ("model", model),
-                ("assistant", assistant),
-            )
-            if value is not None
-        }
+        fields = codec.session_fields(where, state=state, generation=generation, model=model, assistant=assistant)
         now = time.time()
 
         async def op(conn: Conn) -> None:

@@ -160,17 +160,7 @@ class SqliteStore(Store):
         lease: Lease | None = None,
     ) -> None:
         where = f"session {session_id}"
-        codec.check_state(state, where)
-        fields: dict[str, Any] = {
-            name: value
-            for name, value in (
-                ("state", state),
-                ("generation", generation),
-                ("model", model),
-                ("assistant", assistant),
-            )
-            if value is not None
-        }
+        fields = codec.session_fields(where, state=state, generation=generation, model=model, assistant=assistant)
         now = time.time()
 
         def op(conn: sqlite3.Connection) -> None:
