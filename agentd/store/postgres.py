@@ -24,6 +24,7 @@ the rules of ``agentd.store.base``; what is PostgreSQL's own:
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -122,6 +123,7 @@ class PostgresStore(Store):
         self._connect = connect  # a connection outside the pool, for when the pool has none
         self._secret = secret  # scrubbed from every error text
         self._listener: Conn | None = None  # LISTENs for released sessions with a pending turn
+        self._notes: collections.deque[tuple[str, str]] = collections.deque()  # received, not yet returned
         self.failure: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -658,21 +660,38 @@ class PostgresStore(Store):
     async def next_notification(self, seconds: float) -> tuple[str, str] | None:
         """The next NOTIFY on ``NOTIFY_CHANNELS``, on a connection of its own outside the pool,
         waited for at most ``seconds``. A failed connection is dropped (the next call opens another)
-        and the wait is then a plain sleep."""
+        and the wait is then a plain sleep.
+
+        Subscribing (connect + LISTEN) is not part of the wait: it is shielded and bounded by the
+        connect timeout, so a short wait never leaves it half done — a connection opened but not
+        kept, or notifications sent before the LISTEN missed by a caller that thinks it listens."""
+        try:
+            with anyio.CancelScope(shield=True):
+                listener = await self._listener_connection()
+        except (psycopg.Error, StoreError, OSError) as exc:
+            await self._drop_listener(exc)
+            await anyio.sleep(seconds)
+            return None
+        if self._notes:
+            return self._notes.popleft()
         with anyio.move_on_after(seconds):
             try:
-                listener = await self._listener_connection()
+                # Drained to the end, not left at the first: notifications that came in one packet
+                # are yielded together, and a generator closed early would drop the rest.
                 async for note in listener.notifies(timeout=seconds, stop_after=1):
-                    return note.channel, note.payload
-                return None
+                    self._notes.append((note.channel, note.payload))
+                return self._notes.popleft() if self._notes else None
             except (psycopg.Error, StoreError, OSError) as exc:
-                log.debug("store.listen_failed", error=self._scrub(str(exc)))
-                broken, self._listener = self._listener, None
-                if broken is not None:
-                    with anyio.CancelScope(shield=True):
-                        await broken.close()
+                await self._drop_listener(exc)
             await anyio.sleep(seconds)
         return None
+
+    async def _drop_listener(self, exc: BaseException) -> None:
+        log.debug("store.listen_failed", error=self._scrub(str(exc)))
+        broken, self._listener = self._listener, None
+        if broken is not None:
+            with anyio.CancelScope(shield=True):
+                await broken.close()
 
     async def _listener_connection(self) -> Conn:
         if self._listener is None:
