@@ -210,6 +210,73 @@ def test_events_and_cancel_on_a_replica_that_does_not_run_the_turn(tmp_path: Pat
         assert done["status"] == "cancelled"
 
 
+def events_of(stream: Any, turn: str) -> list[tuple[str, dict[str, Any]]]:
+    """The events of ``turn`` a stream got, up to and with its ``turn.done`` (waited for)."""
+    stream.wait("turn.done", lambda data: data.get("turn") == turn)
+    return [(name, data) for name, data in stream.seen if data.get("turn") == turn]
+
+
+def test_a_remote_subscriber_gets_every_event_of_a_turn_in_order(tmp_path: Path, pg: PgServer) -> None:
+    """Subscribers on replicas that do not run a turn get the same events, in the same order, as
+    one on the replica that runs it: progress events (a tool call, an event far over PostgreSQL's
+    8,000-byte notification limit, non-ASCII text) and then ``turn.done`` — across turns that run
+    on different replicas (RFC 0009 §7)."""
+    with replicas(tmp_path, pg, 3) as (started, _hold):
+        a, b, c = started
+        session = a.new_session("main")
+        on_b, on_c = b.events(session), c.events(session)
+        long_text = "é✓ ünïcode " * 1500  # about 17,000 bytes of reply, escaped into several notifications
+        first = b.send(session, f"call tool clock {long_text}")["turn"]["id"]  # b runs it
+        local, remote = events_of(on_b, first), events_of(on_c, first)
+        names = [name for name, _ in local]
+        assert names[0] == "turn.started" and names[-1] == "turn.done", names
+        assert {"step.started", "step.done", "tool.call", "tool.result"} <= set(names), names
+        assert remote == local
+        step_done = [data for name, data in remote if name == "step.done"][-1]
+        assert long_text.strip() in step_done["content"]
+
+        second = a.send(session, "and now on a")["turn"]["id"]  # a runs it; b and c both watch from afar
+        on_a_later = events_of(on_b, second), events_of(on_c, second)
+        assert on_a_later[0] == on_a_later[1]
+        assert [name for name, _ in on_a_later[0]][-1] == "turn.done"
+        assert "step.done" in [name for name, _ in on_a_later[0]]
+        seen_on_c = [data.get("turn") for name, data in on_c.seen if name == "turn.done"]
+        assert seen_on_c == [first, second]  # in order, once each
+
+
+def test_a_replica_started_after_the_subscriber_still_relays_to_it(tmp_path: Path, pg: PgServer) -> None:
+    """The replica that runs a turn learns of remote subscribers from the store when it claims the
+    session, not only from notifications: one that started after the subscription (it heard no
+    notice, and with a 30 s lease the next one is 10 s away) relays the turn's events all the same."""
+    with replicas(tmp_path, pg, 1, lease="30s") as (started, _hold):
+        [a] = started
+        session = a.new_session("main")
+        stream = a.events(session)
+        home = tmp_path / "late"
+        home.mkdir()
+        late = Daemon(home, a.config_path.read_text(), env={"AGENTD_REPLICA_ID": "late"}, state_dir=home / "state")
+        try:
+            late.start()
+            turn = late.send(session, "call tool clock please")["turn"]["id"]  # runs on the late replica
+            got = [name for name, _ in events_of(stream, turn)]
+            assert {"turn.started", "step.done", "tool.call", "tool.result"} <= set(got), got
+        finally:
+            late.stop()
+
+
+def test_a_subscriber_that_joins_mid_turn_on_another_replica_gets_the_rest_of_it(tmp_path: Path, pg: PgServer) -> None:
+    with replicas(tmp_path, pg, 2) as (started, hold):
+        a, b = started
+        session = a.new_session("held")
+        turn = a.send(session, "hold this", wait=False)["turn_id"]  # a runs it; its model call waits
+        a.wait_log("session.loaded", lambda r: r.get("session") == session)
+        stream = b.events(session)
+        a.wait_log("session.relayed", lambda r: r.get("session") == session and r.get("to") == "r1")
+        hold.touch()
+        got = [name for name, _ in events_of(stream, turn)]
+        assert "step.done" in got and got[-1] == "turn.done", got
+
+
 def test_a_cancel_whose_replica_died_is_kept_and_the_adopter_ends_the_turn_cancelled(
     tmp_path: Path, pg: PgServer
 ) -> None:

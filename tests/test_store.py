@@ -139,11 +139,12 @@ def every_kind(turn: str = "t0") -> list[Message]:
 
 
 async def test_schema_version_and_indexes(store: Store, backend: Backend) -> None:
-    assert migrations.SCHEMA_VERSION == 6
+    assert migrations.SCHEMA_VERSION == 7
     assert backend.schema_version() == migrations.SCHEMA_VERSION
     assert {"sessions_state", "sessions_owner", "turns_one_pending", "entries_active"} <= backend.indexes()
     assert {"owner", "lease_expires", "fence"} <= set(backend.columns("sessions"))
     assert {"session", "turn", "seq", "call", "tool", "arguments", "finished_at"} <= set(backend.columns("journal"))
+    assert {"session", "replica", "until"} <= set(backend.columns("watches"))
 
 
 def test_both_backends_have_a_migration_for_every_version() -> None:

@@ -390,3 +390,46 @@ async def test_a_release_that_leaves_a_pending_turn_notifies_the_other_replicas(
             await store.notify(TURNS, "s1 t0 r1")
     assert heard == [(ORPHANS, "s1"), (TURNS, "s1 t0 r1")]
     assert [held.session for held in await other.claim_orphaned("r2", LONG)] == ["s1"]
+
+
+# ---------------------------------------------------------------------------- watches (RFC 0009 §7)
+
+
+async def test_a_claim_lists_the_other_replicas_watching_the_session(store: Store, other: Store) -> None:
+    await new_session(store, "s1")
+    await new_session(store, "s2", at=2.0)
+    await other.watch("r2", ["s1"], LONG)
+    await other.watch("r3", ["s1", "s2"], LONG)
+    await store.watch("r1", ["s1"], LONG)  # the claimer's own subscribers are not "elsewhere"
+    lease = await store.claim("s1", "r1", LONG)
+    assert lease is not None and lease.watchers == ("r2", "r3")
+    await other.unwatch("r3", ["s1"])
+    await store.release(lease)
+    again = await store.claim("s1", "r1", LONG)
+    assert again is not None and again.watchers == ("r2",)
+    renewed = await store.renew("r1", LONG)
+    assert renewed["s1"].token == again.token  # a renewal says nothing of watchers: they were noted at the claim
+
+
+async def test_a_watch_that_expired_is_not_listed_and_is_deleted(store: Store, other: Store) -> None:
+    await new_session(store, "s1", pending="t1")
+    await other.watch("r2", ["s1"], BRIEF)
+    await other.watch("r3", ["s1"], LONG)
+
+    async def r2_expired() -> bool:
+        lease = await store.claim("s1", "r1", LONG)
+        assert lease is not None
+        await store.release(lease)
+        return lease.watchers == ("r3",)
+
+    await until(r2_expired, "r2's watch to expire")
+    await other.watch("r3", [], LONG)  # any watch call deletes expired rows
+    [orphan] = await store.claim_orphaned("r4", LONG)  # released with a pending turn: an orphan
+    assert orphan.session == "s1" and orphan.watchers == ("r3",)
+
+
+async def test_watch_refuses_what_is_not_a_replica_or_a_lease_time(store: Store) -> None:
+    with pytest.raises(StoreError):
+        await store.watch("", ["s1"], LONG)
+    with pytest.raises(StoreError):
+        await store.watch("r1", ["s1"], -1.0)

@@ -15,9 +15,11 @@ from agentd.config import StoreSettings
 from agentd.redact import redact_database_url
 from agentd.store.base import (
     CANCELS,
+    EVENTS,
     NOTIFY_CHANNELS,
     ORPHANS,
     TURNS,
+    WATCHES,
     CommittedTurn,
     Lease,
     LeaseLost,
@@ -34,11 +36,13 @@ from agentd.store.sqlite import SqliteStore
 
 __all__ = [
     "CANCELS",
+    "EVENTS",
     "NOTIFY_CHANNELS",
     "ORPHANS",
     "SCHEMA_VERSION",
     "SQLITE_FILE",
     "TURNS",
+    "WATCHES",
     "CommittedTurn",
     "Lease",
     "LeaseLost",

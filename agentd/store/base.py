@@ -40,9 +40,11 @@ from agentd.records import JournalEntry, SessionState, StartedTurn, TurnRecord
 
 __all__ = [
     "CANCELS",
+    "EVENTS",
     "NOTIFY_CHANNELS",
     "ORPHANS",
     "TURNS",
+    "WATCHES",
     "CommittedTurn",
     "Lease",
     "LeaseLost",
@@ -57,11 +59,15 @@ __all__ = [
 
 
 #: Notification channels (PostgreSQL LISTEN/NOTIFY): a released session with a pending turn, a
-#: turn that ended (payload ``session turn``), a cancel asked of the replica running a turn.
+#: turn that ended (payload ``session turn replica``), a cancel asked of the replica running a
+#: turn, the sessions a replica has subscribers for, and the progress events relayed to them
+#: (``agentd.supervisor.relay``).
 ORPHANS = "agentd_orphans"
 TURNS = "agentd_turns"
 CANCELS = "agentd_cancels"
-NOTIFY_CHANNELS = (ORPHANS, TURNS, CANCELS)
+WATCHES = "agentd_watches"
+EVENTS = "agentd_events"
+NOTIFY_CHANNELS = (ORPHANS, TURNS, CANCELS, WATCHES, EVENTS)
 
 
 class StoreError(Exception):
@@ -147,6 +153,9 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     replica: str
     token: int
     expires_at: float
+    #: Other replicas that had event subscribers for the session when this lease was claimed
+    #: (``Store.watch``): the holder relays the events of the turn it runs there. Empty on renewals.
+    watchers: tuple[str, ...] = ()
 
 
 class ReplicaRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -406,6 +415,16 @@ class Store(abc.ABC):
     async def live_replicas(self, max_age: float) -> list[ReplicaRow]:
         """The replicas that beat within the last ``max_age`` seconds (by the store's clock), by id."""
 
+    @abc.abstractmethod
+    async def watch(self, replica: str, sessions: Sequence[str], ttl: float) -> None:
+        """``replica`` has event subscribers for ``sessions``, for ``ttl`` seconds from now (by the
+        store's clock) unless renewed: a claim of one of them meanwhile by another replica lists
+        ``replica`` in ``Lease.watchers``. Also deletes every watch that expired."""
+
+    @abc.abstractmethod
+    async def unwatch(self, replica: str, sessions: Sequence[str]) -> None:
+        """``replica`` no longer has subscribers for ``sessions``."""
+
     # ------------------------------------------------------------------ notifications between replicas (RFC 0009 §7)
 
     async def notify(self, channel: str, payload: str) -> None:
@@ -413,6 +432,14 @@ class Store(abc.ABC):
 
         The default does nothing: with one daemon on the store (SQLite) there is nobody to tell.
         Never raises; a notification that cannot be sent is lost, which every user tolerates.
+        """
+        return None
+
+    async def notify_many(self, notes: Sequence[tuple[str, str]]) -> str | None:
+        """Send ``notes`` (channel, payload) in one transaction, so they are delivered in this order,
+        together; None once sent, else why they were not (best effort: never raises).
+
+        The default sends nothing: with one daemon on the store (SQLite) there is nobody to tell.
         """
         return None
 

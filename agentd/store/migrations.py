@@ -30,6 +30,10 @@ Versions:
 6. ``turns.cancel_requested``: a cancel asked for on a replica that does not run the turn, kept
    so that the replica that runs it next — its holder, or the one that adopts it after a failover
    — ends it ``cancelled`` instead of running it (RFC 0009 §7).
+7. ``watches``: the sessions each replica has event subscribers for, until when (epoch seconds
+   by the store's clock), so that the replica that claims a session to run its turn knows at once
+   where to relay the turn's events (RFC 0009 §7). Rows are hints: a replica that stops
+   refreshing its rows is ignored once they expire, and expired rows are deleted by heartbeats.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from __future__ import annotations
 __all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -122,6 +126,16 @@ SQLITE: dict[int, tuple[str, ...]] = {
         """,
     ),
     6: ("ALTER TABLE turns ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0",),
+    7: (
+        """
+        CREATE TABLE watches (
+            session  TEXT NOT NULL,
+            replica  TEXT NOT NULL,
+            until    REAL NOT NULL,
+            PRIMARY KEY (session, replica)
+        )
+        """,
+    ),
 }
 
 #: version -> the PostgreSQL statements that bring a database at version-1 to it.
@@ -208,4 +222,14 @@ POSTGRES: dict[int, tuple[str, ...]] = {
         """,
     ),
     6: ("ALTER TABLE turns ADD COLUMN cancel_requested BOOLEAN NOT NULL DEFAULT FALSE",),
+    7: (
+        """
+        CREATE TABLE watches (
+            session  TEXT NOT NULL,
+            replica  TEXT NOT NULL,
+            until    DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (session, replica)
+        )
+        """,
+    ),
 }

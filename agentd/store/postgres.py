@@ -94,6 +94,11 @@ _DISK_FULL = "53100"
 _SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 #: The database server's clock in epoch seconds: every lease time is by it.
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
+#: A claim's ``RETURNING`` column: the other replicas watching the claimed session (``Lease.watchers``).
+_WATCHERS = (
+    "ARRAY(SELECT w.replica FROM watches w WHERE w.session = sessions.id AND w.replica <> %(replica)s"
+    f" AND w.until > {_NOW} ORDER BY w.replica) AS watchers"
+)
 
 _SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_at, owner, lease_expires, fence"
 # A turn with its input message (for a pending turn, which has no record yet).
@@ -555,11 +560,17 @@ class PostgresStore(Store):
                 f" lease_expires = {_NOW} + %(ttl)s"
                 " WHERE id = %(id)s AND state != 'closed'"
                 f" AND (owner IS NULL OR owner = %(replica)s OR lease_expires <= {_NOW})"
-                " RETURNING fence, lease_expires",
+                f" RETURNING fence, lease_expires, {_WATCHERS}",
                 {"replica": replica, "ttl": float(ttl), "id": session_id},
             )
             if row is not None:
-                return Lease(session=session_id, replica=replica, token=row["fence"], expires_at=row["lease_expires"])
+                return Lease(
+                    session=session_id,
+                    replica=replica,
+                    token=row["fence"],
+                    expires_at=row["lease_expires"],
+                    watchers=tuple(row["watchers"]),
+                )
             current = await _session_row(conn, session_id)
             if current is None:
                 raise UnknownSession(f"{what}: the session is unknown")
@@ -624,12 +635,19 @@ class PostgresStore(Store):
                 " UPDATE sessions SET owner = %(replica)s, fence = sessions.fence + 1,"
                 f" lease_expires = {_NOW} + %(ttl)s"
                 " FROM orphans WHERE sessions.id = orphans.id"
-                " RETURNING sessions.id, sessions.fence, sessions.lease_expires, orphans.started_at, orphans.n",
+                " RETURNING sessions.id, sessions.fence, sessions.lease_expires, orphans.started_at, orphans.n,"
+                f" {_WATCHERS}",
                 {"pending": PENDING, "replica": replica, "limit": limit, "ttl": float(ttl)},
             )
             rows.sort(key=lambda row: (row["started_at"], row["n"]))
             return [
-                Lease(session=row["id"], replica=replica, token=row["fence"], expires_at=row["lease_expires"])
+                Lease(
+                    session=row["id"],
+                    replica=replica,
+                    token=row["fence"],
+                    expires_at=row["lease_expires"],
+                    watchers=tuple(row["watchers"]),
+                )
                 for row in rows
             ]
 
@@ -656,6 +674,19 @@ class PostgresStore(Store):
             await self._write(f"notify {channel}", op)
         except StoreError as exc:
             log.debug("store.notify_failed", channel=channel, error=str(exc))
+
+    async def notify_many(self, notes: Sequence[tuple[str, str]]) -> str | None:
+        async def op(conn: Conn) -> None:
+            async with conn.cursor() as cursor:
+                await cursor.executemany("SELECT pg_notify(%s, %s)", list(notes))
+
+        if not notes:
+            return None
+        try:
+            await self._write(f"notify {len(notes)} times", op)
+        except StoreError as exc:
+            return str(exc)
+        return None
 
     async def next_notification(self, seconds: float) -> tuple[str, str] | None:
         """The next NOTIFY on ``NOTIFY_CHANNELS``, on a connection of its own outside the pool,
@@ -734,6 +765,30 @@ class PostgresStore(Store):
             return [ReplicaRow(**row) for row in rows]
 
         return await self._read("read the live replicas", op)
+
+    async def watch(self, replica: str, sessions: Sequence[str], ttl: float) -> None:
+        what = f"cannot record the watches of replica {replica}"
+        codec.check_replica(replica, what)
+        codec.check_ttl(ttl, what)
+
+        async def op(conn: Conn) -> None:
+            await conn.execute(
+                "INSERT INTO watches (session, replica, until)"
+                f" SELECT s, %(replica)s, {_NOW} + %(ttl)s FROM unnest(%(sessions)s::text[]) AS s"
+                " ON CONFLICT (session, replica) DO UPDATE SET until = EXCLUDED.until",
+                {"replica": replica, "ttl": float(ttl), "sessions": list(sessions)},
+            )
+            await conn.execute(f"DELETE FROM watches WHERE until <= {_NOW}")
+
+        await self._write(what.replace("cannot ", ""), op)
+
+    async def unwatch(self, replica: str, sessions: Sequence[str]) -> None:
+        async def op(conn: Conn) -> None:
+            await conn.execute(
+                "DELETE FROM watches WHERE replica = %s AND session = ANY(%s::text[])", (replica, list(sessions))
+            )
+
+        await self._write(f"forget the watches of replica {replica}", op)
 
     # ------------------------------------------------------------------ plumbing
 

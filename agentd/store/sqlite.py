@@ -476,7 +476,8 @@ class SqliteStore(Store):
                 "UPDATE sessions SET owner = ?, lease_expires = ?, fence = ? WHERE id = ?",
                 (replica, now + ttl, token, session_id),
             )
-            return Lease(session=session_id, replica=replica, token=token, expires_at=now + ttl)
+            watchers = _watchers(conn, session_id, replica, now)
+            return Lease(session=session_id, replica=replica, token=token, expires_at=now + ttl, watchers=watchers)
 
         return await self._write(f"claim session {session_id}", op)
 
@@ -522,7 +523,13 @@ class SqliteStore(Store):
                 (PENDING, replica, now, limit),
             ).fetchall()
             leases = [
-                Lease(session=session, replica=replica, token=fence + 1, expires_at=now + ttl)
+                Lease(
+                    session=session,
+                    replica=replica,
+                    token=fence + 1,
+                    expires_at=now + ttl,
+                    watchers=_watchers(conn, session, replica, now),
+                )
                 for session, fence in rows
             ]
             conn.executemany(
@@ -560,6 +567,30 @@ class SqliteStore(Store):
             return row
 
         return await self._write(f"record replica {replica}", op, durable=False)
+
+    async def watch(self, replica: str, sessions: Sequence[str], ttl: float) -> None:
+        what = f"cannot record the watches of replica {replica}"
+        codec.check_replica(replica, what)
+        codec.check_ttl(ttl, what)
+
+        def op(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            conn.executemany(
+                "INSERT INTO watches (session, replica, until) VALUES (?, ?, ?)"
+                " ON CONFLICT (session, replica) DO UPDATE SET until = excluded.until",
+                [(session, replica, now + ttl) for session in sessions],
+            )
+            conn.execute("DELETE FROM watches WHERE until <= ?", (now,))
+
+        await self._write(what.replace("cannot ", ""), op, durable=False)
+
+    async def unwatch(self, replica: str, sessions: Sequence[str]) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "DELETE FROM watches WHERE replica = ? AND session = ?", [(replica, session) for session in sessions]
+            )
+
+        await self._write(f"forget the watches of replica {replica}", op, durable=False)
 
     async def live_replicas(self, max_age: float) -> list[ReplicaRow]:
         def op(conn: sqlite3.Connection) -> list[ReplicaRow]:
@@ -930,3 +961,12 @@ def _load_session(conn: sqlite3.Connection, session_id: str) -> StoredSession | 
         ).fetchall()
     ]
     return _session_from_row(row, transcript, turns)
+
+
+def _watchers(conn: sqlite3.Connection, session_id: str, replica: str, now: float) -> tuple[str, ...]:
+    """The replicas other than ``replica`` watching the session now (``Lease.watchers``)."""
+    rows = conn.execute(
+        "SELECT replica FROM watches WHERE session = ? AND replica != ? AND until > ? ORDER BY replica",
+        (session_id, replica, now),
+    ).fetchall()
+    return tuple(row[0] for row in rows)

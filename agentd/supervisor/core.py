@@ -39,8 +39,10 @@ from agentd.protocol import Cancel, ChildEnv, Spawn, SwapIntel, Watch
 from agentd.records import SessionState, StartedTurn, TurnRecord
 from agentd.store import (
     CANCELS,
+    EVENTS,
     ORPHANS,
     TURNS,
+    WATCHES,
     Lease,
     Store,
     StoredSession,
@@ -51,6 +53,7 @@ from agentd.store import (
 from agentd.supervisor.child import Child
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.pool import Pool
+from agentd.supervisor.relay import EventRelay, Reassembler, RemoteWatchers, decode_watch, encode_watch
 from agentd.supervisor.reload import ReloadCoordinator, plan_reload, sessions_to_swap
 from agentd.supervisor.replica import (
     RenewVerdict,
@@ -154,6 +157,11 @@ class Supervisor:
         self.draining = False
         self.stopping = False
         self.reloads: ReloadCoordinator[ReloadResult] = ReloadCoordinator(self._reload)
+        # Progress events across replicas (RFC 0009 §7): what this replica relays, in order, and
+        # which sessions other replicas have subscribers for.
+        self.relay = EventRelay(store, self.replica)
+        self.watchers = RemoteWatchers(ttl=self.lease_time)
+        self._reassembler = Reassembler()
         self.runner = TurnRunner(
             store=store,
             metrics=self.metrics,
@@ -162,6 +170,8 @@ class Supervisor:
             on_swap_acked=self._swap_acked,
             on_turn_finished=self._turn_finished,
             replica=self.replica,
+            relay=self.relay if self.shared_store else None,
+            watched_elsewhere=self.watched_elsewhere,
         )
         self.pool = Pool(
             settings=lambda: self.config.supervisor, spawn=self.spawn_frame, env=self.child_env, owner=self.runner
@@ -187,6 +197,7 @@ class Supervisor:
         await self._beat()
         tg.start_soon(self._heartbeat)
         if self.shared_store:  # other replicas may be running pending turns: take only the orphaned ones
+            tg.start_soon(self.relay.run)
             tg.start_soon(self._failover_scan)
             tg.start_soon(self._listen)
         else:
@@ -198,7 +209,28 @@ class Supervisor:
             await anyio.sleep(heartbeat_interval(self.lease_time))
             if self.shared_store:
                 await self._renew()
+                await self._announce_watches()
             await self._beat()
+
+    def watched_elsewhere(self, session_id: str) -> bool:
+        """Whether another live replica has subscribers for the session (its events are relayed there)."""
+        return self.shared_store and self.watchers.watched(session_id, time.monotonic())
+
+    async def _announce_watches(self) -> None:
+        """Tell the other replicas, again, which sessions have subscribers here (in the store, for
+        the replica that claims one next, and notified, for those running one now); forget
+        theirs that expired."""
+        self.watchers.prune(time.monotonic())
+        watched = [runtime.id for runtime in self.sessions.values() if runtime.watched]
+        await self._store_quietly(self.store.watch(self.replica, watched, self.lease_time))
+        for payload in encode_watch(self.replica, True, watched):
+            self.relay.send(WATCHES, payload)
+
+    def _note_watchers(self, lease: Lease) -> None:
+        """The replicas watching a session this replica just claimed: its turn's events go there."""
+        if lease.watchers:
+            for replica in lease.watchers:
+                self.watchers.note(replica, [lease.session], time.monotonic())
 
     async def _renew(self) -> None:
         """Extend every lease this replica holds; a session missing from the answer was taken over."""
@@ -245,6 +277,7 @@ class Supervisor:
             log.warning("session.claim_failed", session=runtime.id, error=str(exc))
             return None
         if lease is not None:
+            self._note_watchers(lease)
             await self._take(runtime, lease)
         return lease
 
@@ -293,12 +326,17 @@ class Supervisor:
                 continue
             channel, payload = note
             try:
-                await self._on_notification(channel, payload.split())
+                await self._on_notification(channel, payload)
             except Exception:  # a notification must never take the listener down
                 log.exception("replica.notification_failed", channel=channel)
 
-    async def _on_notification(self, channel: str, fields: list[str]) -> None:
-        if channel == ORPHANS:
+    async def _on_notification(self, channel: str, payload: str) -> None:
+        fields = payload.split() if channel not in (EVENTS, WATCHES) else []
+        if channel == EVENTS:
+            self._relayed_event(payload)
+        elif channel == WATCHES:
+            await self._watch_notice(payload)
+        elif channel == ORPHANS:
             self._orphans_released.set()
         elif channel == TURNS and len(fields) == 3 and fields[2] != self.replica:
             await self._turn_ended_elsewhere(fields[0], fields[1])
@@ -306,6 +344,38 @@ class Supervisor:
             runtime = self.sessions.get(fields[0])
             if runtime is not None and runtime.pending is not None and runtime.pending.id == fields[1]:
                 await self._cancel_here(runtime)
+
+    def _relayed_event(self, payload: str) -> None:
+        """A progress event of a turn another replica runs: published to this replica's subscribers."""
+        missed = self._reassembler.missed
+        event = self._reassembler.feed(payload)
+        if self._reassembler.missed > missed:
+            log.warning("replica.events_missed", replica=self.replica, missed=self._reassembler.missed - missed)
+        if event is None or event.origin == self.replica:
+            return
+        runtime = self.sessions.get(event.session)
+        if runtime is None or not runtime.watched:
+            return
+        turn = runtime.pending
+        if turn is not None and turn.id == event.turn and turn.child is not None:
+            return  # this replica runs that turn itself now (it adopted it): its own events stand
+        runtime.publish(event.name, event.turn, event.data)
+
+    async def _watch_notice(self, payload: str) -> None:
+        """Another replica has (or no longer has) subscribers for some sessions: relay their events
+        there. A turn already running here streams its events from now on."""
+        notice = decode_watch(payload)
+        if notice is None or notice.replica == self.replica:
+            return
+        if not notice.watching:
+            self.watchers.forget(notice.replica, notice.sessions)
+            return
+        for session_id in self.watchers.note(notice.replica, notice.sessions, time.monotonic()):
+            runtime = self.sessions.get(session_id)
+            turn = runtime.pending if runtime is not None else None
+            if runtime is not None and turn is not None and turn.child is not None and not runtime.watched:
+                await turn.child.send(Watch(session=runtime.id))
+                log.info(events.LOG_SESSION_RELAYED, session=runtime.id, turn=turn.id, to=notice.replica)
 
     async def _turn_ended_elsewhere(self, session_id: str, turn_id: str) -> None:
         """Another replica ended a turn of a session watched here: its subscribers get ``turn.done``."""
@@ -330,6 +400,7 @@ class Supervisor:
             await self._store_quietly(self.store.release(lease))  # ended meanwhile: nothing to run
             return
         runtime = self.sessions.setdefault(stored.id, self._runtime_from_row(stored))
+        self._note_watchers(lease)
         await self._take(runtime, lease)
         log.info(events.LOG_SESSION_ADOPTED, session=stored.id, turn=started.id, token=lease.token)
         queued = await self._register_interrupted(runtime, stored, started)
@@ -840,8 +911,21 @@ class Supervisor:
     def unsubscribed(self, session_id: str) -> None:
         """A subscriber went away: a session nobody needs any more is forgotten (it stays in the store)."""
         runtime = self.sessions.get(session_id)
-        if runtime is not None:
-            self.runner.evict_if_cold(runtime)
+        if runtime is None:
+            return
+        if self.shared_store and not runtime.watched and self._tg is not None:
+            # The last one here: stop relaying to this replica.
+            self._tg.start_soon(self._unwatch, runtime.id)
+        self.runner.evict_if_cold(runtime)
+
+    async def _unwatch(self, session_id: str) -> None:
+        """No subscriber of the session is left here: other replicas stop relaying its events here."""
+        runtime = self.sessions.get(session_id)
+        if runtime is not None and runtime.watched:  # subscribed again meanwhile
+            return
+        for payload in encode_watch(self.replica, False, [session_id]):
+            self.relay.send(WATCHES, payload)
+        await self._store_quietly(self.store.unwatch(self.replica, [session_id]))
 
     async def _open_runtime(self, session_id: str) -> SessionRuntime:
         """The hot runtime of an open session, made hot from its row if it was not. 404 if none."""
@@ -952,7 +1036,13 @@ class Supervisor:
         was_watched = runtime.watched
         stream = runtime.subscribe()
         turn = runtime.pending
-        if not was_watched and turn is not None and turn.child is not None:
+        if not was_watched and self.shared_store:
+            # A turn another replica claims from now on is relayed here (the store says so at its
+            # claim); one running now, from when the notice reaches its replica.
+            await self._store_quietly(self.store.watch(self.replica, [runtime.id], self.lease_time))
+            for payload in encode_watch(self.replica, True, [runtime.id]):
+                self.relay.send(WATCHES, payload)
+        if not was_watched and turn is not None and turn.child is not None and not self.watched_elsewhere(runtime.id):
             await turn.child.send(Watch(session=runtime.id))  # the turn in flight streams from now on
         return stream
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -44,10 +44,11 @@ from agentd.protocol import (
     TurnDone,
 )
 from agentd.records import JournalEntry, TurnRecord
-from agentd.store import TURNS, CommittedTurn, LeaseLost, Store, StoreError, StoreUnavailable
+from agentd.store import EVENTS, TURNS, CommittedTurn, LeaseLost, Store, StoreError, StoreUnavailable
 from agentd.supervisor.blame import CrashVerdict, blame, quarantined, rerun_allowed
 from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Pool
+from agentd.supervisor.relay import EventRelay
 from agentd.supervisor.session import PendingTurn, SessionRuntime
 from agentd.views import entry_from_message, turn_done_event
 
@@ -62,6 +63,8 @@ COMMIT_RETRY_START = 0.5
 COMMIT_RETRY_MAX = 10.0
 SHUTDOWN_CUT = "agentd is shutting down; the turn was not finished and re-runs at the next start"
 LEASE_LOST_CUT = "another replica took the session over; the turn runs there and its result stands"
+#: How long a turn's answer waits for its end notice to reach the replicas watching the session.
+RELAY_FLUSH_BOUND = 2.0
 
 
 class Generation(Protocol):
@@ -95,9 +98,15 @@ class TurnRunner:
         on_swap_acked: Callable[[Child, int], None],
         on_turn_finished: Callable[[], None],
         replica: str = "",
+        relay: EventRelay | None = None,
+        watched_elsewhere: Callable[[str], bool] = lambda _session: False,
     ) -> None:
         self.store = store
         self.replica = replica  # this replica's id, in the notifications it sends
+        # On a shared store: what this replica sends other replicas, in order (RFC 0009 §7), and
+        # whether another replica has subscribers for a session (its events are relayed there).
+        self.relay = relay
+        self.watched_elsewhere = watched_elsewhere
         self.metrics = metrics
         self.running = running
         self.sessions = sessions  # the hot sessions, by id (shared with the supervisor)
@@ -214,7 +223,7 @@ class TurnRunner:
                 turn=turn.id,
                 message=turn.message,
                 started_at=turn.budget_start,
-                watched=runtime.watched,
+                watched=runtime.watched or self.watched_elsewhere(runtime.id),
                 journal=journal,
             )
             await child.send(frame)
@@ -344,7 +353,7 @@ class TurnRunner:
         """Mark the session failed (kept, visible, resumable by a new message); its turn ends failed."""
         runtime.state = "failed"
         log.error("session.failed", session=runtime.id, error=error)
-        runtime.publish(events.SESSION_FAILED, runtime.pending.id if runtime.pending else None, {"error": error})
+        self.emit(runtime, events.SESSION_FAILED, runtime.pending.id if runtime.pending else None, {"error": error})
         if runtime.pending is not None:
             await self.end_without_result(runtime, runtime.pending, TurnStatus.FAILED, error)
         await self._store_quietly(self.store.update_session(runtime.id, state="failed"), runtime.id)
@@ -401,10 +410,16 @@ class TurnRunner:
         if turn.record is not None:  # ended already (a close racing the commit): once only
             return
         turn.record = record  # before any await: a second ending stops at the line above
-        if runtime.lease is not None:  # a shared store: other replicas' subscribers hear of the turn
-            assert self._tg is not None
-            self._tg.start_soon(self.store.notify, TURNS, f"{runtime.id} {record.id} {self.replica}")
+        # A shared store: other replicas' subscribers hear of the turn, after its progress events
+        # (one ordered queue).
+        relay = self.relay if runtime.lease is not None else None
+        if relay is not None:
+            relay.send(TURNS, f"{runtime.id} {record.id} {self.replica}")
         await self._release(runtime)  # before the answer: the next message may go to any replica
+        if relay is not None and self.watched_elsewhere(runtime.id):
+            # A remote subscriber hears of this turn's end before the client can start the next
+            # turn on yet another replica, so its stream stays in order across turns.
+            await relay.flush(RELAY_FLUSH_BOUND)
         if runtime.child is not None:  # a swap parked during the turn was adopted at its end
             runtime.generation = max(runtime.generation, runtime.child.generation)
         runtime.pending = None
@@ -430,6 +445,13 @@ class TurnRunner:
         self._on_turn_finished()
         self.evict_if_cold(runtime)
 
+    def emit(self, runtime: SessionRuntime, name: str, turn: str | None, data: dict[str, Any]) -> None:
+        """Publish a session event to its subscribers here and, when another replica has
+        subscribers for the session, relay it there (RFC 0009 §7)."""
+        runtime.publish(name, turn, data)
+        if self.relay is not None and self.watched_elsewhere(runtime.id):
+            self.relay.send_event(EVENTS, runtime.id, turn, name, data)
+
     # ------------------------------------------------------------------ frames from children
 
     async def session_frame(self, child: Child, frame: Frame) -> None:
@@ -446,7 +468,7 @@ class TurnRunner:
                 if runtime.backlog is not None:  # after a TurnDone being committed: keep the order
                     runtime.backlog.append((name, turn, data))
                 else:
-                    runtime.publish(name, turn, data)
+                    self.emit(runtime, name, turn, data)
             case TurnDone():
                 assert self._tg is not None
                 # Committed in a task of its own: this child's other sessions keep streaming meanwhile;
@@ -501,7 +523,7 @@ class TurnRunner:
         finally:
             backlog, runtime.backlog = runtime.backlog or [], None
             for name, turn, data in backlog:
-                runtime.publish(name, turn, data)
+                self.emit(runtime, name, turn, data)
 
     async def _on_turn_done(self, runtime: SessionRuntime, child: Child, done: TurnDone) -> None:
         pending = runtime.pending
@@ -616,8 +638,7 @@ class TurnRunner:
                 if runtime is None:
                     continue
                 runtime.generation, runtime.model = max(runtime.generation, frame.generation), swap.model_to
-                if runtime.watched:
-                    runtime.publish(events.SWAP_APPLIED, None, dict(data))
+                self.emit(runtime, events.SWAP_APPLIED, None, dict(data))
 
     def idle_since(self, session_id: str) -> float | None:
         """When the session's last turn ended (monotonic), or None while one is in flight."""
