@@ -17,6 +17,8 @@ socket, durability off — so the PostgreSQL figures leave out fsync, while SQLi
    (``wait: true``) for ``--seconds`` after a 1 s warm-up, on SQLite with 1 replica and on
    PostgreSQL with 1 and 3 replicas (the clients spread round-robin over the replicas, as a
    Service spreads connections). Every turn claims and releases its session's lease on PostgreSQL.
+   A last row runs 3 replicas with every session also streamed (SSE) on the next replica, so each
+   turn's events are relayed to another replica through the database.
 
 Everything — replicas, their children, PostgreSQL and the clients — shares this machine's cores
 (2 here), so the 3-replica figure shows the cost of coordination, not extra capacity.
@@ -119,8 +121,15 @@ def failover(pg: PgServer, tmp: Path, rounds: int, lease: str) -> None:
     print_table(f"Failover, 3 replicas, lease {lease} (seconds)", ["", "n", "p50", "p99", "max"], rows)
 
 
-def turns_per_second(replicas: list[Daemon], clients: int, seconds: float) -> float:
+def turns_per_second(replicas: list[Daemon], clients: int, seconds: float, *, watched: bool = False) -> float:
+    """Turns/s of ``clients`` threads posting back to back; with ``watched``, each session is also
+    streamed (SSE) on the next replica, so every event of every turn is relayed there."""
     sessions = [(replicas[i % len(replicas)], replicas[i % len(replicas)].new_session("main")) for i in range(clients)]
+    streams = (
+        [replicas[(i + 1) % len(replicas)].events(session) for i, (_, session) in enumerate(sessions)]
+        if watched
+        else []
+    )
     counts = [0] * clients
     measuring = threading.Event()
     stop = threading.Event()
@@ -144,6 +153,10 @@ def turns_per_second(replicas: list[Daemon], clients: int, seconds: float) -> fl
     stop.set()
     for thread in threads:
         thread.join(60)
+    if streams:  # the relayed events arrived: the last turn's turn.done on every remote stream
+        for (daemon, session), stream in zip(sessions, streams, strict=True):
+            last = daemon.session(session)["turns"][-1]["id"]
+            stream.wait("turn.done", lambda data, last=last: data.get("turn") == last)
     return total / elapsed
 
 
@@ -151,13 +164,22 @@ def throughput(pg: PgServer, tmp: Path, clients: int, seconds: float, lease: str
     hold = tmp / "hold"
     rows = []
     with stopping([start(tmp / "sqlite", config(hold, "", lease), "sqlite")]) as one:
-        rows.append(["SQLite", "1", f"{turns_per_second(one, clients, seconds):.0f}"])
+        rows.append(["SQLite", "1", "", f"{turns_per_second(one, clients, seconds):.0f}"])
     for count in (1, 3):
         with pg.database() as url:
             text = config(hold, url, lease)
             with stopping([start(tmp / f"pg{count}-{i}", text, f"pg{count}-{i}") for i in range(count)]) as replicas:
-                rows.append(["PostgreSQL", str(count), f"{turns_per_second(replicas, clients, seconds):.0f}"])
-    print_table(f"Turns/s, {clients} clients, wait: true, scripted model", ["store", "replicas", "turns/s"], rows)
+                rows.append(["PostgreSQL", str(count), "", f"{turns_per_second(replicas, clients, seconds):.0f}"])
+    with pg.database() as url:
+        text = config(hold, url, lease)
+        with stopping([start(tmp / f"watched-{i}", text, f"watched-{i}") for i in range(3)]) as replicas:
+            rate = turns_per_second(replicas, clients, seconds, watched=True)
+            rows.append(["PostgreSQL", "3", "each session on the next replica", f"{rate:.0f}"])
+    print_table(
+        f"Turns/s, {clients} clients, wait: true, scripted model",
+        ["store", "replicas", "SSE subscriber", "turns/s"],
+        rows,
+    )
 
 
 def main() -> None:
@@ -169,7 +191,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()}, cores: {os.cpu_count()}")
     with tempfile.TemporaryDirectory(prefix="agentd-bench-replicas-") as tmp, pg_server() as pg:
-        failover(pg, Path(tmp) / "failover", args.failovers, args.lease)
+        if args.failovers:
+            failover(pg, Path(tmp) / "failover", args.failovers, args.lease)
         throughput(pg, Path(tmp) / "throughput", args.clients, args.seconds, args.lease)
     print(f"\nload average at end: {os.getloadavg()}")
 
