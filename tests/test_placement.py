@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agentd.supervisor.blame import MAX_CRASHES, CrashVerdict, blame, quarantined, rerun_allowed
 from agentd.supervisor.placement import (
     ChildRole,
@@ -11,6 +13,7 @@ from agentd.supervisor.placement import (
     effective_children,
     place,
     plan_pool,
+    usable_cpus,
 )
 
 SIZE = PoolSize(children=2, sessions_per_child=3, max_children=4, spare_children=1)
@@ -21,6 +24,26 @@ def child(id: str, role: ChildRole = ChildRole.ACTIVE, loaded: int = 0, in_fligh
 
 
 # --------------------------------------------------------------------------- children = 0
+
+
+@pytest.mark.parametrize(
+    ("affinity", "cpu_max", "v1", "expected"),
+    [
+        (64, "max 100000", None, 64),  # no quota: the CPUs it may run on
+        (64, "200000 100000", None, 2),  # limits.cpu: 2 on a 64-CPU node
+        (64, "150000 100000", None, 2),  # 1.5 CPUs: rounded up
+        (64, "50000 100000", None, 1),
+        (4, "800000 100000", None, 4),  # the affinity mask is smaller than the quota
+        (64, None, ("300000", "100000"), 3),  # cgroup v1
+        (64, None, ("-1", "100000"), 64),  # v1 without a quota
+        (64, "garbage", None, 64),
+        (64, "0 100000", None, 64),
+    ],
+)
+def test_usable_cpus_honours_the_affinity_mask_and_the_cgroup_quota(
+    affinity: int, cpu_max: str | None, v1: tuple[str, str] | None, expected: int
+) -> None:
+    assert usable_cpus(affinity, cpu_max, v1) == expected
 
 
 def test_children_zero_is_the_cpu_count_but_at_least_two() -> None:

@@ -67,7 +67,8 @@ class PoolSize(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def effective_children(configured: int, cpus: int | None = None) -> int:
-    """``children = 0`` means the number of CPUs; the pool never has fewer than 2 active children."""
+    """``children = 0`` means the number of CPUs this process may use (``usable_cpus``); the pool
+    never has fewer than 2 active children."""
     if configured > 0:
         return configured
     return max(2, cpus if cpus is not None else _cpu_count())
@@ -76,7 +77,50 @@ def effective_children(configured: int, cpus: int | None = None) -> int:
 @functools.cache
 def _cpu_count() -> int:
     # Read once: the pool asks on every placement, and the machine does not change under it.
-    return os.cpu_count() or 2
+    return usable_cpus(_affinity(), _read("/sys/fs/cgroup/cpu.max"), _cgroup_v1_quota())
+
+
+def usable_cpus(affinity: int | None, cpu_max: str | None, v1_quota: tuple[str, str] | None = None) -> int:
+    """The CPUs this process may use: those it may run on (its affinity mask, else every CPU),
+    capped by its cgroup's CPU quota rounded up (a Kubernetes ``limits.cpu``: cgroup v2
+    ``cpu.max`` "<quota> <period>", or v1 ``cpu.cfs_quota_us`` and ``cpu.cfs_period_us``);
+    never fewer than 1. A container on a large node must not start a child per node CPU."""
+    cpus = affinity or os.cpu_count() or 1
+    quota = _quota_cpus(*cpu_max.split()[:2]) if cpu_max and len(cpu_max.split()) >= 2 else None
+    if quota is None and v1_quota is not None:
+        quota = _quota_cpus(*v1_quota)
+    return max(1, min(cpus, quota) if quota is not None else cpus)
+
+
+def _quota_cpus(quota: str, period: str) -> int | None:
+    """CPUs a quota of ``quota`` µs per ``period`` µs allows, rounded up; None when unlimited or unreadable."""
+    try:
+        allowed, every = int(quota), int(period)
+    except ValueError:  # "max": no quota
+        return None
+    if allowed <= 0 or every <= 0:  # v1 says -1 for no quota
+        return None
+    return -(-allowed // every)
+
+
+def _affinity() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _cgroup_v1_quota() -> tuple[str, str] | None:
+    quota, period = _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), _read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+    return (quota, period) if quota is not None and period is not None else None
 
 
 class Placement(msgspec.Struct, frozen=True, kw_only=True):
