@@ -433,3 +433,19 @@ async def test_watch_refuses_what_is_not_a_replica_or_a_lease_time(store: Store)
         await store.watch("", ["s1"], LONG)
     with pytest.raises(StoreError):
         await store.watch("r1", ["s1"], -1.0)
+
+
+async def test_a_claim_for_a_turn_another_replica_already_ran_is_refused(store: Store, other: Store) -> None:
+    """The receiver stored the turn (``begin_turn``) but another replica's failover scan took it
+    before the receiver's claim, ran it, committed it and released the session: the receiver's
+    late claim for that turn must fail, or the turn (and its tools) runs a second time."""
+    await new_session(store, "s1", pending="t1")
+    [adopted] = await other.claim_orphaned("r2", LONG)  # the scan, between begin_turn and the claim
+    await other.commit_turn("s1", done("t1"), assistant="triage", messages=[answer("t1")], lease=adopted)
+    assert await other.release(adopted)
+    assert await store.claim("s1", "r1", LONG, turn="t1") is None  # ended elsewhere: nothing to run
+    assert await store.lease_of("s1") is None  # and the claim took nothing
+    await store.begin_turn("s1", "t2", UserMessage(content="again"), started_at=3.0)
+    lease = await store.claim("s1", "r1", LONG, turn="t2")  # a turn still pending is claimed as before
+    assert lease is not None and lease.token == adopted.token + 1
+    assert await store.claim("s1", "r1", LONG) is not None  # without a turn: as before

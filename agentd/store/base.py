@@ -362,13 +362,17 @@ class Store(abc.ABC):
     # ------------------------------------------------------------------ leases (RFC 0009 §3)
 
     @abc.abstractmethod
-    async def claim(self, session_id: str, replica: str, ttl: float) -> Lease | None:
+    async def claim(self, session_id: str, replica: str, ttl: float, *, turn: str | None = None) -> Lease | None:
         """Make ``replica`` the owner of the session for ``ttl`` seconds; the lease, or None if another holds it.
 
         A session nobody holds, or whose lease expired, gets a new lease with a token one larger
         than any before; one ``replica`` already holds keeps its token and is extended. None when
         another replica's lease has not expired. UnknownSession if the session is unknown,
         StoreError if it is closed.
+
+        With ``turn``, only while that turn is still pending: None (and nothing claimed) once it
+        ended — another replica's failover scan took it between its ``begin_turn`` and this claim,
+        ran it and released the session — so it never runs twice.
         """
 
     @abc.abstractmethod

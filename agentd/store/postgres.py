@@ -546,7 +546,7 @@ class PostgresStore(Store):
 
     # ------------------------------------------------------------------ leases
 
-    async def claim(self, session_id: str, replica: str, ttl: float) -> Lease | None:
+    async def claim(self, session_id: str, replica: str, ttl: float, *, turn: str | None = None) -> Lease | None:
         what = f"cannot claim session {session_id}"
         codec.check_replica(replica, what)
         codec.check_ttl(ttl, what)
@@ -560,8 +560,14 @@ class PostgresStore(Store):
                 f" lease_expires = {_NOW} + %(ttl)s"
                 " WHERE id = %(id)s AND state != 'closed'"
                 f" AND (owner IS NULL OR owner = %(replica)s OR lease_expires <= {_NOW})"
-                f" RETURNING fence, lease_expires, {_WATCHERS}",
-                {"replica": replica, "ttl": float(ttl), "id": session_id},
+                + (
+                    ""
+                    if turn is None
+                    else " AND EXISTS (SELECT 1 FROM turns t WHERE t.session = %(id)s AND t.id = %(turn)s"
+                    " AND t.status = %(pending)s)"
+                )
+                + f" RETURNING fence, lease_expires, {_WATCHERS}",
+                {"replica": replica, "ttl": float(ttl), "id": session_id, "turn": turn, "pending": PENDING},
             )
             if row is not None:
                 return Lease(
@@ -576,7 +582,7 @@ class PostgresStore(Store):
                 raise UnknownSession(f"{what}: the session is unknown")
             if current["state"] == "closed":
                 raise StoreError(f"{what}: the session is closed")
-            return None  # another replica's lease has not expired
+            return None  # another replica's lease has not expired, or the turn is no longer pending
 
         return await self._write(f"claim session {session_id}", op)
 

@@ -454,7 +454,7 @@ class SqliteStore(Store):
 
     # ------------------------------------------------------------------ leases
 
-    async def claim(self, session_id: str, replica: str, ttl: float) -> Lease | None:
+    async def claim(self, session_id: str, replica: str, ttl: float, *, turn: str | None = None) -> Lease | None:
         what = f"cannot claim session {session_id}"
         codec.check_replica(replica, what)
         codec.check_ttl(ttl, what)
@@ -472,6 +472,13 @@ class SqliteStore(Store):
                 token = row["fence"] + 1
             else:
                 return None
+            if (
+                turn is not None
+                and not conn.execute(
+                    "SELECT 1 FROM turns WHERE session = ? AND id = ? AND status = ?", (session_id, turn, PENDING)
+                ).fetchone()
+            ):
+                return None  # ended meanwhile (another replica ran it): nothing to claim it for
             conn.execute(
                 "UPDATE sessions SET owner = ?, lease_expires = ?, fence = ? WHERE id = ?",
                 (replica, now + ttl, token, session_id),

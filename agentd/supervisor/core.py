@@ -265,14 +265,16 @@ class Supervisor:
             return sum(1 for r in self.sessions.values() if r.lease is not None and r.pending is not None)
         return len(self.sessions)
 
-    async def _claim(self, runtime: SessionRuntime) -> Lease | None:
-        """Claim the session's lease before running its turn; None while another replica holds it.
+    async def _claim(self, runtime: SessionRuntime, turn: str) -> Lease | None:
+        """Claim the session's lease before running its turn; None while another replica holds it,
+        or once the turn is no longer pending (another replica's failover scan took it after its
+        ``begin_turn``, and may have run it to its end already: it must not run twice).
 
         A session that another replica held since this one last did is reloaded from the store:
         the copy loaded on a child here (and the runtime's assistant and model) may be stale.
         """
         try:
-            lease = await self.store.claim(runtime.id, self.replica, self.lease_time)
+            lease = await self.store.claim(runtime.id, self.replica, self.lease_time, turn=turn)
         except StoreError as exc:
             log.warning("session.claim_failed", session=runtime.id, error=str(exc))
             return None
@@ -983,9 +985,10 @@ class Supervisor:
             except StoreError as exc:
                 runtime.pending, runtime.state = None, "idle"
                 raise ApiError(409, "turn_refused", str(exc)) from None
-            if self.shared_store and await self._claim(runtime) is None:
+            if self.shared_store and await self._claim(runtime, turn.id) is None:
                 # Another replica holds the session (its previous turn is ending, or its failover
-                # scan took this one): the turn is stored, and the holder or the scan runs it.
+                # scan took this one — and may have ended it already): the turn is stored, and the
+                # holder or the scan runs it, once.
                 runtime.pending, runtime.state, turn.elsewhere = None, "idle", True
                 log.info(events.LOG_SESSION_ELSEWHERE, session=runtime.id, turn=turn.id)
                 self.runner.evict_if_cold(runtime)
