@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agentd.store import Lease
+from agentd.store.codec import valid_replica_id
 from agentd.supervisor.replica import (
     ENV_REPLICA_ID,
     RenewVerdict,
@@ -17,6 +20,19 @@ from agentd.supervisor.replica import (
 
 def test_the_replica_id_is_the_env_var_when_set() -> None:
     assert replica_id({ENV_REPLICA_ID: " pod-7 "}, hostname="h", pid=1) == "pod-7"
+
+
+@pytest.mark.parametrize("bad", ["pod 1", "pod\t1", "é-pod", "-pod", "x" * 254, "a/b"])
+def test_a_replica_id_that_cannot_travel_in_notifications_is_refused(bad: str) -> None:
+    """Relay payloads are space-separated ASCII (RFC 0009 §7): such an id would relay nothing."""
+    with pytest.raises(ValueError, match=f"{ENV_REPLICA_ID} must be 1 to 253 ASCII"):
+        replica_id({ENV_REPLICA_ID: bad})
+
+
+def test_a_hostname_is_made_a_usable_replica_id() -> None:
+    made = replica_id({}, hostname="my host.é", pid=5)
+    assert made.startswith("my-host.--5-") and valid_replica_id(made)
+    assert replica_id({ENV_REPLICA_ID: " pod-7.web_1:x@y "}) == "pod-7.web_1:x@y"
 
 
 def test_the_default_replica_id_is_host_pid_and_random() -> None:

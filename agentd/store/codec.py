@@ -8,6 +8,7 @@ before they touch their database.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Final, get_args
 
 import msgspec
@@ -98,10 +99,21 @@ def session_fields(
     return {name: value for name, value in given.items() if value is not None}
 
 
+#: What a replica id may be: it travels in space-separated notification payloads (RFC 0009 §7),
+#: so no whitespace; ASCII, like a Kubernetes pod name or a hostname, and short.
+REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}")
+REPLICA_ID_RULE = "1 to 253 ASCII letters, digits and . _ : @ -, starting with a letter or digit"
+
+
+def valid_replica_id(replica: object) -> bool:
+    """Whether ``replica`` is a usable replica id (``REPLICA_ID``)."""
+    return isinstance(replica, str) and REPLICA_ID.fullmatch(replica) is not None
+
+
 def check_replica(replica: str, where: str) -> None:
-    """StoreError unless ``replica`` is a usable replica id (not empty)."""
-    if not isinstance(replica, str) or not replica:
-        raise StoreError(f"{where}: a replica id must be a non-empty string, not {replica!r}")
+    """StoreError unless ``replica`` is a usable replica id (``REPLICA_ID``)."""
+    if not valid_replica_id(replica):
+        raise StoreError(f"{where}: a replica id must be {REPLICA_ID_RULE}, not {replica!r}")
 
 
 def check_ttl(ttl: float, where: str) -> None:

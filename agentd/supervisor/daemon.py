@@ -35,6 +35,7 @@ from agentd.obs import configure_logging, get_logger
 from agentd.store import StoreError, open_store
 from agentd.supervisor.core import Supervisor, load_daemon_config
 from agentd.supervisor.options import DaemonOptions
+from agentd.supervisor.replica import replica_id
 from agentd.supervisor.systemd import notify
 from agentd.validate import abort_tool_checks
 
@@ -207,6 +208,10 @@ def run_daemon(options: DaemonOptions) -> int:
     token = os.environ.get("AGENTD_API_TOKEN", "")
     if listen and not token:
         return _fail("--listen needs a bearer token: set AGENTD_API_TOKEN", EXIT_CONFIG)
+    try:
+        replica_id()  # the supervisor's own call cannot fail after this
+    except ValueError as exc:
+        return _fail(str(exc), EXIT_CONFIG)
     raise_fd_limit()
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import secrets
 import socket
 from collections.abc import Mapping
 
 from agentd.store import Lease
+from agentd.store.codec import REPLICA_ID_RULE, valid_replica_id
 
 __all__ = [
     "ENV_REPLICA_ID",
@@ -40,13 +42,18 @@ def replica_id(environ: Mapping[str, str] | None = None, *, hostname: str | None
     """This replica's id: ``AGENTD_REPLICA_ID`` when set, else ``<hostname>-<pid>-<4 random hex>``.
 
     The random part makes a restarted process (same host, same pid in a new container) a new
-    replica, so it never inherits a dead one's leases by name.
+    replica, so it never inherits a dead one's leases by name. ValueError naming the variable
+    when ``AGENTD_REPLICA_ID`` is not a usable id (``agentd.store.codec.REPLICA_ID``); a hostname
+    is made one (other characters become ``-``).
     """
     env = os.environ if environ is None else environ
     named = env.get(ENV_REPLICA_ID, "").strip()
     if named:
+        if not valid_replica_id(named):
+            raise ValueError(f"{ENV_REPLICA_ID} must be {REPLICA_ID_RULE}, not {named!r}")
         return named
     host = hostname if hostname is not None else socket.gethostname()
+    host = re.sub(r"[^A-Za-z0-9._:@-]", "-", host.encode("ascii", "replace").decode())[:200].lstrip("._:@-")
     return f"{host or 'agentd'}-{os.getpid() if pid is None else pid}-{secrets.token_hex(2)}"
 
 
