@@ -77,3 +77,6 @@ LOG_SESSION_ADOPTED: Final = "session.adopted"  # the failover scan claimed it; 
 LOG_SESSION_RELEASED: Final = "session.released"  # a stopping replica gave its lease up
 LOG_SESSION_ELSEWHERE: Final = "session.elsewhere"  # a message stored here runs on the replica holding the lease
 LOG_SESSION_QUARANTINED: Final = "session.quarantined"  # its turns run on a child of its own now
+LOG_STORE_WAITING: Final = "store.waiting"  # start-up: the store cannot be opened yet; tried again after retry_in
+LOG_STORE_OPENED: Final = "store.opened"  # start-up: the store opened after store.waiting
+LOG_SIGNAL: Final = "supervisor.signal"  # a signal and what the daemon does about it
