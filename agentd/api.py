@@ -2,14 +2,16 @@
 
 Bodies are msgspec Structs from agentd.views; every error is ``{"error": {"code", "message"}}``.
 The unix socket listener needs no token (the socket is mode 0600); the optional TCP listener is
-wrapped in ``BearerAuth``.
+wrapped in ``BearerAuth``. While the daemon waits for its store at start-up the listeners serve
+``build_waiting_app`` instead (alive, not ready), through a ``SwitchableApp`` that the daemon
+points at ``build_app``'s once the supervisor serves.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -26,7 +28,7 @@ from agentd.obs import get_logger
 from agentd.supervisor.core import ApiError, Supervisor
 from agentd.views import Accepted, CreateSession, ErrorBody, ErrorDetail, PostMessage
 
-__all__ = ["BearerAuth", "build_app"]
+__all__ = ["ROUTES", "BearerAuth", "SwitchableApp", "build_app", "build_waiting_app"]
 
 log = get_logger("api")
 
@@ -121,18 +123,48 @@ def _lone_surrogate(body: bytes) -> str | None:
     return None
 
 
+#: Every route: its path, its method and the name of the handler ``build_app`` serves it with. The
+#: waiting app serves the same table, so a route is found, or 404/405, alike in both.
+ROUTES: tuple[tuple[str, str, str], ...] = (
+    ("/v1/health", "GET", "health"),
+    ("/v1/ready", "GET", "ready"),
+    ("/v1/status", "GET", "status"),
+    ("/v1/reload", "POST", "reload"),
+    ("/v1/sessions", "POST", "create_session"),
+    ("/v1/sessions", "GET", "list_sessions"),
+    ("/v1/sessions/{id}", "GET", "get_session"),
+    ("/v1/sessions/{id}", "DELETE", "close_session"),
+    ("/v1/sessions/{id}/messages", "POST", "post_message"),
+    ("/v1/sessions/{id}/events", "GET", "session_events"),
+    ("/v1/sessions/{id}/cancel", "POST", "cancel"),
+    ("/metrics", "GET", "metrics"),
+)
+
+
+async def _health(_: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+def _not_ready(request: Request, reasons: list[str]) -> Response:
+    """503 ``{"ready": false, "reasons": […]}``; a probe without the token learns ready or not,
+    never why (names, store errors)."""
+    shown = {"ready": False} if request.scope.get(ANONYMOUS_PROBE) else {"ready": False, "reasons": reasons}
+    return JSONResponse(shown, status_code=503)
+
+
+async def _on_http_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, code, str(exc.detail))
+
+
 def build_app(supervisor: Supervisor) -> Starlette:
     """The API application bound to ``supervisor``."""
-
-    async def health(_: Request) -> Response:
-        return JSONResponse({"status": "ok"})
 
     async def ready(request: Request) -> Response:
         reasons = supervisor.ready()
         if reasons:
-            # A probe without the token learns ready or not, never why (names, store errors).
-            shown = {"ready": False} if request.scope.get(ANONYMOUS_PROBE) else {"ready": False, "reasons": reasons}
-            return JSONResponse(shown, status_code=503)
+            return _not_ready(request, reasons)
         return JSONResponse({"ready": True})
 
     async def status(_: Request) -> Response:
@@ -204,30 +236,65 @@ def build_app(supervisor: Supervisor) -> Starlette:
         assert isinstance(exc, ApiError)
         return error_response(exc.status, exc.code, exc.message, exc.turn)
 
-    async def on_http_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail))
-
-    routes = [
-        Route("/v1/health", health, methods=["GET"]),
-        Route("/v1/ready", ready, methods=["GET"]),
-        Route("/v1/status", status, methods=["GET"]),
-        Route("/v1/reload", reload, methods=["POST"]),
-        Route("/v1/sessions", create_session, methods=["POST"]),
-        Route("/v1/sessions", list_sessions, methods=["GET"]),
-        Route("/v1/sessions/{id}", get_session, methods=["GET"]),
-        Route("/v1/sessions/{id}", close_session, methods=["DELETE"]),
-        Route("/v1/sessions/{id}/messages", post_message, methods=["POST"]),
-        Route("/v1/sessions/{id}/events", session_events, methods=["GET"]),
-        Route("/v1/sessions/{id}/cancel", cancel, methods=["POST"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
+    handlers = {
+        "health": _health,
+        "ready": ready,
+        "status": status,
+        "reload": reload,
+        "create_session": create_session,
+        "list_sessions": list_sessions,
+        "get_session": get_session,
+        "close_session": close_session,
+        "post_message": post_message,
+        "session_events": session_events,
+        "cancel": cancel,
+        "metrics": metrics,
+    }
     return Starlette(
-        routes=routes,
+        routes=[Route(path, handlers[name], methods=[method]) for path, method, name in ROUTES],
         middleware=[Middleware(CatchAll)],
-        exception_handlers={ApiError: on_api_error, HTTPException: on_http_error},
+        exception_handlers={ApiError: on_api_error, HTTPException: _on_http_error},
     )
+
+
+def build_waiting_app(waiting_for: Callable[[], str]) -> Starlette:
+    """The API while the daemon starts without its store (RFC 0009 §1): alive, not ready, serving nothing.
+
+    ``waiting_for()`` says what it waits for, e.g. ``waiting for the store: cannot open the store
+    …: …``. ``GET /v1/health`` is 200, as always while the daemon runs: a liveness probe must not
+    restart a replica that only waits for its database. ``GET /v1/ready`` is 503 with that reason.
+    Every other route is 503 ``store_unavailable`` naming it: nothing can be stored or read yet.
+    """
+
+    async def ready(request: Request) -> Response:
+        return _not_ready(request, [waiting_for()])
+
+    async def unavailable(_: Request) -> Response:
+        message = f"agentd is not serving yet ({waiting_for()}); nothing was stored"
+        return error_response(503, "store_unavailable", message)
+
+    def handler(name: str) -> Callable[[Request], Any]:
+        return {"health": _health, "ready": ready}.get(name, unavailable)
+
+    return Starlette(
+        routes=[Route(path, handler(name), methods=[method]) for path, method, name in ROUTES],
+        middleware=[Middleware(CatchAll)],
+        exception_handlers={HTTPException: _on_http_error},
+    )
+
+
+class SwitchableApp:
+    """ASGI: every request goes to ``app``, which the daemon replaces once the supervisor serves.
+
+    The listeners are bound once, at the start of a wait for the store, and keep answering
+    throughout: first with ``build_waiting_app``'s app, then with ``build_app``'s.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
 
 
 class CatchAll:

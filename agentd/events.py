@@ -78,3 +78,6 @@ LOG_SESSION_RELEASED: Final = "session.released"  # a stopping replica gave its 
 LOG_SESSION_ELSEWHERE: Final = "session.elsewhere"  # a message stored here runs on the replica holding the lease
 LOG_SESSION_RELAYED: Final = "session.relayed"  # a turn running here streams to another replica's subscribers now
 LOG_SESSION_QUARANTINED: Final = "session.quarantined"  # its turns run on a child of its own now
+LOG_STORE_WAITING: Final = "store.waiting"  # start-up: the store cannot be opened yet; tried again after retry_in
+LOG_STORE_OPENED: Final = "store.opened"  # start-up: the store opened after store.waiting
+LOG_SIGNAL: Final = "supervisor.signal"  # a signal and what the daemon does about it

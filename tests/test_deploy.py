@@ -543,6 +543,15 @@ def test_timeout_stop_covers_stop_grace_and_agentds_shutdown_bounds() -> None:
     assert value(unit, "Service", "KillSignal") in (None, "SIGTERM")
 
 
+def test_the_unit_bounds_the_wait_for_the_store_on_purpose() -> None:
+    """agentd waits for a PostgreSQL store that is not there yet, not READY=1 meanwhile (RFC 0009 §1):
+    the unit says how long, rather than systemd's default 90 s deciding by accident."""
+    timeout = value(read_unit(UNIT), "Service", "TimeoutStartSec")
+    assert timeout is not None, "TimeoutStartSec= bounds agentd's wait for its store: set it on purpose"
+    assert timeout == "infinity" or timespan_seconds(timeout) >= 120, f"TimeoutStartSec={timeout}"
+    assert '"STATUS=' in inspect.getsource(daemon), "agentd no longer says why it is not ready yet"
+
+
 def test_the_unit_runs_agentd_on_its_state_directory_with_secrets_from_a_file() -> None:
     unit = read_unit(UNIT)
     (start,) = values(unit, "Service", "ExecStart")

@@ -5,6 +5,9 @@
 - Kubernetes (deploy/kubernetes/deployment.yaml): the exact probe commands of the manifest, run
   against ``agentd run --listen`` with a bearer token — readiness fails while draining, liveness
   does not.
+- Both, for a replica started before its database (RFC 0009 §1): systemd hears why it is not
+  ready (``STATUS=``) and ``READY=1`` only once it serves; the startup and liveness probes pass
+  while it waits (nothing restarts it), readiness fails until the database is there.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import pytest
 
 from tests.daemon_harness import TIMEOUT, Daemon, free_port, running_daemon, two_assistant_config, wait_until
 from tests.deploy_files import probe_command
+from tests.pg_front import FrontMode, PgFront, database_name
+from tests.pg_harness import PgServer
 
 pytestmark = pytest.mark.e2e
 
@@ -109,3 +114,47 @@ def test_the_manifests_probes_against_agentd_readiness_fails_while_draining(tmp_
 
         hold.touch()
         assert daemon.wait_exit() == 0
+
+
+def test_a_replica_started_before_its_database_is_alive_but_neither_ready_nor_ready_for_systemd(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    secret = "store-password-of-the-test"
+    port, token = free_port(), "probe-token-of-the-test"
+    notify = NotifySocket(tmp_path / "notify.sock")
+    with pg.role(secret) as role, pg.database(owner=role) as url, PgFront(pg.admin_url) as front:
+        store = f'[store]\nurl = "{front.url(role, database_name(url))}"\n'  # nothing listens there yet
+        env = {"NOTIFY_SOCKET": str(notify.path), "AGENTD_API_TOKEN": token, "AGENTD_STORE_PASSWORD": secret}
+        daemon = Daemon(
+            tmp_path,
+            two_assistant_config(tmp_path / "never", top=store),
+            args=["--listen", f"127.0.0.1:{port}"],
+            env=env,
+        )
+        try:
+            daemon.start()
+            assert daemon.process is not None
+            waiting = notify.next()
+            assert set(waiting) == {"STATUS"}, waiting  # no READY=1: systemd keeps the unit activating
+            location = f"postgresql://127.0.0.1:{front.port}/{database_name(url)}"
+            assert waiting["STATUS"].startswith(f"waiting for the store: cannot open the store {location}: ")
+            assert run_probe("startupProbe", port, token).returncode == 0
+            assert run_probe("livenessProbe", port, token).returncode == 0, (
+                "liveness must not restart a waiting replica"
+            )
+            ready = run_probe("readinessProbe", port, token)
+            assert ready.returncode == 1 and ready.stdout.startswith("503 ") and "waiting for the store" in ready.stdout
+
+            front.set(FrontMode.FORWARD)
+            while "READY" not in (message := notify.next()):  # one STATUS= per failed attempt, meanwhile
+                assert message["STATUS"].startswith("waiting for the store: "), message
+            assert message["READY"] == "1" and message["MAINPID"] == str(daemon.process.pid)
+            wait_until(lambda: run_probe("readinessProbe", port, token).returncode == 0, "readiness once serving")
+
+            daemon.signal(signal.SIGTERM)
+            assert notify.next() == {"STOPPING": "1"}
+            assert daemon.wait_exit() == 0
+            assert secret not in daemon.log_text()
+        finally:
+            daemon.stop()
+            notify.close()

@@ -3,18 +3,26 @@
 One replica: the daemon opens the store ``[store] url`` names, with the password from the env var
 ``password_env`` names; sessions, transcripts and turns live in the database, not the state dir,
 so a daemon restarted on another state dir finds them all.
+
+Start-up before the database (tests/pg_front.py puts a port in front of the suite's server that
+refuses, hangs, says "starting up", then forwards): the daemon waits, serving probes, and starts
+once the database is there; SIGTERM stops the wait; a refusal for good exits 1 at once.
 """
 
 from __future__ import annotations
 
 import secrets
 import signal
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
-from tests.daemon_harness import Daemon, running_daemon, two_assistant_config
-from tests.pg_harness import PgServer
+from tests.daemon_harness import TIMEOUT, Daemon, free_port, running_daemon, two_assistant_config, wait_until
+from tests.pg_front import FrontMode, PgFront, database_name
+from tests.pg_harness import PgServer, url_for
 
 pytestmark = pytest.mark.e2e
 
@@ -69,10 +77,130 @@ def test_a_daemon_on_postgres_keeps_its_sessions_across_a_restart(tmp_path: Path
         assert "AGENTD_LOG_LEVEL" in names
 
 
-def test_a_daemon_whose_database_cannot_be_reached_exits_1_naming_it(tmp_path: Path) -> None:
-    config = two_assistant_config(tmp_path / "hold", top='[store]\nurl = "postgresql://agentd@127.0.0.1:1/agentd"\n')
-    daemon = Daemon(tmp_path, config)
-    result = daemon.run_cli(*daemon.command()[3:])
+# --------------------------------------------------------------------------- start-up before the database
+
+
+class Database:
+    """A role with a password, its own database, and a front port towards it: what a daemon needs."""
+
+    def __init__(self, pg: PgServer, role: str, url: str, secret: str, front: PgFront) -> None:
+        self.pg, self.role, self.url, self.secret, self.front = pg, role, url, secret, front
+        self.name = database_name(url)
+
+    def front_url(self) -> str:
+        return self.front.url(self.role, self.name)
+
+
+@pytest.fixture
+def database(pg: PgServer) -> Iterator[Database]:
+    secret = f"pw-{secrets.token_hex(8)}"
+    with pg.role(secret) as role, pg.database(owner=role) as url, PgFront(pg.admin_url) as front:
+        yield Database(pg, role, url, secret, front)
+
+
+def waiting_lines(daemon: Daemon, words: str) -> list[dict[str, Any]]:
+    """The daemon's ``store.waiting`` lines whose error has ``words``, once there is one."""
+    return daemon.wait_log("store.waiting", lambda r: words in r["error"])
+
+
+def test_a_daemon_started_before_its_database_waits_serving_probes_then_serves(
+    tmp_path: Path, database: Database
+) -> None:
+    port, token = free_port(), f"token-{secrets.token_hex(8)}"
+    config = postgres_config(database.front_url(), tmp_path / "hold")
+    env = {"AGENTD_STORE_PASSWORD": database.secret, "AGENTD_API_TOKEN": token}
+    location = f"postgresql://127.0.0.1:{database.front.port}/{database.name}"
+    # Nothing listens on the store's port yet. The harness's start waits for /v1/health: it answers.
+    with running_daemon(tmp_path, config, env=env, args=["--listen", f"127.0.0.1:{port}"]) as daemon:
+        [first, *_] = waiting_lines(daemon, "Connection refused")
+        assert first["store"] == location and first["attempt"] == 1 and first["retry_in"] == 0.5
+        assert first["error"].startswith(f"cannot open the store {location}: ")
+        assert daemon.api("GET", "/v1/health").json() == {"status": "ok"}  # alive: liveness must not restart it
+        not_ready = daemon.api("GET", "/v1/ready")
+        assert not_ready.status_code == 503
+        [reason] = not_ready.json()["reasons"]
+        assert reason.startswith(f"waiting for the store: cannot open the store {location}: "), reason
+        for method, path in [("GET", "/v1/status"), ("POST", "/v1/sessions"), ("GET", "/v1/sessions/s1")]:
+            refused = daemon.api(method, path, {} if method == "POST" else None)
+            assert refused.status_code == 503, (method, path, refused.text)
+            error = refused.json()["error"]
+            assert error["code"] == "store_unavailable" and error["turn"] is None
+            assert "waiting for the store" in error["message"] and location in error["message"]
+        assert daemon.api("GET", "/v1/nowhere").json()["error"]["code"] == "not_found"  # as when serving
+
+        # The TCP listener, exactly as when serving: the probes without the token, the rest with it.
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as tcp:
+            auth = {"Authorization": f"Bearer {token}"}
+            assert tcp.get("/v1/health").status_code == 200
+            anonymous = tcp.get("/v1/ready")
+            assert anonymous.status_code == 503 and anonymous.json() == {"ready": False}  # never why
+            assert tcp.get("/v1/ready", headers=auth).json()["reasons"] == [reason]
+            assert tcp.get("/v1/status").status_code == 401
+            assert tcp.get("/v1/status", headers=auth).json()["error"]["code"] == "store_unavailable"
+
+        # A SIGHUP while waiting does not kill it: it is the reload once the daemon serves.
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_log("supervisor.signal", lambda r: r["signal"] == "SIGHUP" and r["action"] == "deferred")
+
+        # The server is up but not accepting connections yet: PostgreSQL's own 57P03, on the wire.
+        database.front.set(FrontMode.STARTING)
+        waiting_lines(daemon, "the database system is starting up")
+        assert daemon.process is not None and daemon.process.poll() is None
+
+        database.front.set(FrontMode.FORWARD)
+        [opened] = daemon.wait_log("store.opened")
+        assert opened["store"] == location and opened["attempts"] >= 3
+        daemon.wait_log("supervisor.started")
+        wait_until(lambda: daemon.api("GET", "/v1/ready").status_code == 200, "the daemon to be ready")
+        daemon.wait_log("config.reload")  # the SIGHUP of the wait, replayed
+        session = daemon.new_session("main")
+        reply = daemon.send(session, "hello there")
+        assert reply["turn"]["status"] == "completed"
+        assert reply["messages"][-1]["content"] == f"[{MODEL}] You said: hello there"
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as tcp:
+            assert tcp.get(f"/v1/sessions/{session}", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit() == 0
+        logs = daemon.log_text()
+    assert database.secret not in logs
+    assert database.role not in logs  # the store is named without its user
+
+
+def test_sigterm_while_waiting_for_the_database_exits_0_even_mid_connect(tmp_path: Path, database: Database) -> None:
+    database.front.set(FrontMode.HOLD)  # a server that accepts and never answers: each attempt hangs
+    config = postgres_config(database.front_url(), tmp_path / "hold")
+    daemon = Daemon(tmp_path, config, env={"AGENTD_STORE_PASSWORD": database.secret})
+    try:
+        daemon.start()  # /v1/health answers once the first attempt has timed out
+        waiting_lines(daemon, "timeout")
+        # The next attempt is under way: connected, waiting for the server's answer.
+        wait_until(lambda: database.front.accepted >= 2, "the second connection attempt")
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait_exit() == 0
+        daemon.wait_log("supervisor.signal", lambda r: r["signal"] == "SIGTERM" and r["action"] == "stop")
+        assert [r["exit_code"] for r in daemon.log_events("supervisor.stopped")] == [0]
+        assert not daemon.log_events("supervisor.started")
+        assert not daemon.socket.exists() and not (daemon.state_dir / "agentd.pid").exists()
+        assert database.secret not in daemon.log_text()
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize("refusal", ["wrong password", "unknown database"])
+def test_a_store_refused_for_good_exits_1_at_once_naming_it(tmp_path: Path, database: Database, refusal: str) -> None:
+    wrong = f"wrong-{secrets.token_hex(8)}"
+    if refusal == "wrong password":
+        url, password, words = database.url, wrong, f'password authentication failed for user "{database.role}"'
+    else:
+        url, password = url_for(database.url, "agentd_no_such_db", user=database.role), database.secret
+        words = 'database "agentd_no_such_db" does not exist'
+    daemon = Daemon(tmp_path, postgres_config(url, tmp_path / "hold"), env={"AGENTD_STORE_PASSWORD": password})
+    result = daemon.run_cli(*daemon.command()[3:])  # a daemon that waited instead would time out here
     assert result.returncode == 1, result.stderr
     [line] = [line for line in result.stderr.splitlines() if line.startswith("agentd: ")]
-    assert line.startswith("agentd: cannot open the store postgresql://127.0.0.1:1/agentd: "), line
+    assert line.startswith("agentd: cannot open the store postgresql:///agentd_"), line
+    assert words in line, line
+    assert "store.waiting" not in result.stderr
+    output = result.stdout + result.stderr
+    assert database.secret not in output and wrong not in output
+    assert not daemon.socket.exists()

@@ -178,8 +178,11 @@ async def test_a_missing_state_dir_is_a_clear_error(tmp_path: Path) -> None:
 async def test_a_database_from_a_newer_agentd_is_refused(backend: Backend) -> None:
     await (await backend.open()).close()
     backend.set_schema_version(99)
-    with pytest.raises(StoreError, match=r"^cannot open the store .*: it has schema version 99; this agentd knows"):
+    with pytest.raises(
+        StoreError, match=r"^cannot open the store .*: it has schema version 99; this agentd knows"
+    ) as refused:
         await backend.open()
+    assert type(refused.value) is StoreError  # not StoreUnavailable: a daemon must not wait for it
 
 
 async def filled_store(db_path: Path, sessions: int = 200) -> bytes:

@@ -18,6 +18,7 @@ import anyio
 import anyio.lowlevel
 import psycopg
 import pytest
+from psycopg_pool import PoolTimeout
 from structlog.testing import capture_logs
 
 from agentd.budget import TurnStatus
@@ -87,6 +88,7 @@ async def test_a_wrong_password_is_refused_without_being_shown(pg: PgServer, tmp
         settings = StoreSettings(url=url, password_env=PASSWORD_ENV)
         with capture_logs() as logs, pytest.raises(StoreError) as refused:
             await open_store(settings, tmp_path, environ={PASSWORD_ENV: wrong})
+        assert type(refused.value) is StoreError  # for good: waiting cannot help
         message = str(refused.value)
         assert message.startswith("cannot open the store postgresql:///agentd_test_"), message
         assert f"(host {pg.cluster.root})" in message if pg.cluster else True
@@ -96,6 +98,7 @@ async def test_a_wrong_password_is_refused_without_being_shown(pg: PgServer, tmp
 
         with pytest.raises(StoreError) as missing:
             await open_store(settings, tmp_path, environ={})
+        assert type(missing.value) is StoreError
         assert f"no password was given: {PASSWORD_ENV}, named by [store] password_env, is not set" in str(missing.value)
 
 
@@ -127,7 +130,7 @@ async def test_a_password_changed_under_a_running_store_is_unavailable_and_never
 
 
 async def test_an_unreachable_server_is_one_clear_error_at_open() -> None:
-    with pytest.raises(StoreError) as refused:
+    with pytest.raises(StoreUnavailable) as refused:  # it may be there later: the daemon waits for it
         await PostgresStore.open("postgresql://alice@127.0.0.1:1/agentd")
     message = str(refused.value)
     assert message.startswith("cannot open the store postgresql://127.0.0.1:1/agentd: "), message
@@ -243,6 +246,86 @@ def test_postgres_errors_map_to_the_store_errors(error: psycopg.Error, unavailab
     assert isinstance(wrapped, StoreError)
     assert getattr(wrapped, "full", False) is full
     assert str(wrapped).startswith(f"commit session s1 turn t1: {type(error).__name__}: ")
+
+
+# --------------------------------------------------------------------------- opening: wait, or give up?
+
+#: How libpq and psycopg word a failed connection (they give no SQLSTATE for it), and the server's
+#: refusals within it, as this libpq prints them (tests/test_e2e_postgres.py meets several live).
+AT = 'connection failed: connection to server at "db.internal" (10.0.0.5), port 5432 failed: '
+TRANSIENT_OPEN_FAILURES = [
+    psycopg.OperationalError(
+        AT + "Connection refused\n\tIs the server running on that host and accepting TCP/IP connections?"
+    ),
+    psycopg.OperationalError(AT + "No route to host"),
+    psycopg.OperationalError("failed to resolve host 'db.agentd.svc': [Errno -2] Name or service not known"),
+    psycopg.errors.ConnectionTimeout("connection timeout expired"),
+    psycopg.OperationalError(AT + "FATAL:  the database system is starting up"),
+    psycopg.OperationalError(AT + "FATAL:  the database system is shutting down"),
+    psycopg.OperationalError(AT + "FATAL:  the database system is in recovery mode"),
+    psycopg.OperationalError(AT + "FATAL:  sorry, too many clients already"),
+    psycopg.OperationalError(
+        AT + "FATAL:  remaining connection slots are reserved for roles with the SUPERUSER attribute"
+    ),
+    psycopg.OperationalError(
+        'connection is bad: connection to server on socket "/run/postgresql/.s.PGSQL.5432" failed: No such file or directory'
+    ),
+    psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly"),
+    psycopg.InterfaceError("the connection is lost"),
+    # Answered by the server to a statement of the migrations: by SQLSTATE.
+    psycopg.errors.CannotConnectNow("the database system is starting up"),
+    psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+    psycopg.errors.TooManyConnections('too many connections for role "agentd"'),
+    psycopg.errors.ReadOnlySqlTransaction("cannot execute CREATE TABLE in a read-only transaction"),
+    psycopg.errors.DeadlockDetected("deadlock detected"),
+    TimeoutError(),
+    PoolTimeout("pool initialization incomplete after 10.0 sec"),
+]
+PERMANENT_OPEN_FAILURES = [
+    psycopg.OperationalError(AT + 'FATAL:  password authentication failed for user "agentd"'),
+    psycopg.OperationalError(AT + "fe_sendauth: no password supplied"),
+    psycopg.OperationalError(AT + 'FATAL:  database "agentd" does not exist'),
+    psycopg.OperationalError(AT + 'FATAL:  role "agentd" does not exist'),
+    psycopg.OperationalError(AT + 'FATAL:  no pg_hba.conf entry for host "10.1.2.3", user "agentd", database "agentd"'),
+    psycopg.OperationalError(AT + 'FATAL:  role "agentd" is not permitted to log in'),
+    psycopg.OperationalError(AT + 'FATAL:  permission denied for database "agentd"'),
+    psycopg.OperationalError(AT + "SSL error: certificate verify failed"),
+    psycopg.OperationalError('root certificate file "/etc/agentd-pg-ca/ca.crt" does not exist'),
+    psycopg.OperationalError('connection is bad: invalid port number: "99999"'),
+    # One address refused, the other refused the login: the server is there, and says no.
+    psycopg.OperationalError(
+        "Multiple connection attempts failed. All failures were:\n- host: '::1': Connection refused\n"
+        "- host: '127.0.0.1': FATAL:  password authentication failed for user \"agentd\""
+    ),
+    psycopg.ProgrammingError('invalid URI query parameter: "bogus"'),
+    psycopg.errors.InsufficientPrivilege("permission denied for schema public"),  # a migration refused
+    psycopg.errors.DataCorrupted("invalid page in block 0 of relation base/16384/16385"),
+    StoreError("it has schema version 9; this agentd knows versions up to 6"),
+]
+
+
+def _described(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())[-60:]}"
+
+
+@pytest.mark.parametrize("error", TRANSIENT_OPEN_FAILURES, ids=_described)
+def test_an_open_that_may_succeed_later_is_transient(error: BaseException) -> None:
+    assert postgres.open_failure_is_transient(error)
+    wrapped = postgres._open_error("postgresql://db.internal:5432/agentd", error, "hunter2")
+    assert isinstance(wrapped, StoreUnavailable)
+    assert str(wrapped).startswith("cannot open the store postgresql://db.internal:5432/agentd: ")
+
+
+@pytest.mark.parametrize("error", PERMANENT_OPEN_FAILURES, ids=_described)
+def test_an_open_refused_for_good_is_permanent(error: BaseException) -> None:
+    assert not postgres.open_failure_is_transient(error)
+    wrapped = postgres._open_error("postgresql://db.internal:5432/agentd", error, "hunter2")
+    assert type(wrapped) is StoreError
+
+
+def test_an_open_error_quoting_the_password_is_scrubbed() -> None:
+    wrapped = postgres._open_error("postgresql://db/agentd", psycopg.OperationalError("no: hunter2"), "hunter2")
+    assert str(wrapped) == "cannot open the store postgresql://db/agentd: no: ***"
 
 
 def test_an_error_quoting_the_password_is_scrubbed() -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "StoredSession",
     "UnknownSession",
     "open_store",
+    "store_location",
 ]
 
 
@@ -66,9 +67,12 @@ async def open_store(settings: StoreSettings, state_dir: Path, environ: Mapping[
     """Open the store ``[store]`` names (RFC 0009 §1): SQLite in ``state_dir``, or PostgreSQL at ``settings.url``.
 
     The PostgreSQL password is the value of the env var named by ``settings.password_env`` (unset
-    or empty: none, and libpq's own means apply, such as a ``.pgpass`` file). StoreError
-    ``cannot open the store <where>: <reason>`` when it cannot be opened, also when PostgreSQL is
-    asked for and its driver (the ``agentd[postgres]`` extra) is not installed.
+    or empty: none, and libpq's own means apply, such as a ``.pgpass`` file). When it cannot be
+    opened: ``cannot open the store <where>: <reason>`` — a StoreUnavailable when trying again
+    may succeed (a PostgreSQL server not reachable or not accepting connections yet: the daemon
+    waits for it), a StoreError when it cannot (a login refused, no such database, a newer
+    schema, a failed migration, PostgreSQL asked for without its driver, the ``agentd[postgres]``
+    extra; every SQLite failure: nothing but the operator can fix a file).
     """
     if not settings.url:
         return await SqliteStore.open(state_dir / SQLITE_FILE)
@@ -86,6 +90,11 @@ async def open_store(settings: StoreSettings, state_dir: Path, environ: Mapping[
     except StoreError as exc:
         if password or not settings.password_env or "password" not in str(exc):
             raise
-        raise StoreError(
-            f"{exc} (no password was given: {settings.password_env}, named by [store] password_env, is not set)"
-        ) from None
+        hint = f"{exc} (no password was given: {settings.password_env}, named by [store] password_env, is not set)"
+        raise type(exc)(hint) from None  # still StoreUnavailable or StoreError: whether to wait for it
+
+
+def store_location(settings: StoreSettings, state_dir: Path) -> str:
+    """Where the store ``[store]`` names is, as messages and logs name it before it is open: the
+    SQLite file, or the PostgreSQL URL without user, password, query or fragment."""
+    return redact_database_url(settings.url) if settings.url else str(state_dir / SQLITE_FILE)

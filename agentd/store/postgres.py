@@ -14,7 +14,10 @@ the rules of ``agentd.store.base``; what is PostgreSQL's own:
   a call with no answer at all (a hung network) is abandoned after ``CALL_BOUND`` seconds.
 - Errors: the server unreachable, a lost connection, a timeout, an I/O error or a full disk, a
   read-only server (a standby after a failover) and a deadlock are ``StoreUnavailable``
-  (``full`` for disk full, SQLSTATE 53100); a refused statement is ``StoreError``.
+  (``full`` for disk full, SQLSTATE 53100); a refused statement is ``StoreError``. Opening the
+  store is judged by ``open_failure_is_transient``: ``StoreUnavailable`` when trying again may
+  succeed (the server not reachable or not accepting connections yet), ``StoreError`` when it
+  cannot (the login refused, no such database, a newer schema, a failed migration).
 - The password is given to libpq apart from the URL (never in it: the config refuses that), and
   is scrubbed from any error text; ``location`` is the URL without user, query or fragment
   (``agentd.redact.redact_database_url``).
@@ -65,6 +68,7 @@ __all__ = [
     "POOL_TIMEOUT",
     "STATEMENT_TIMEOUT",
     "PostgresStore",
+    "open_failure_is_transient",
 ]
 
 T = TypeVar("T")
@@ -90,6 +94,31 @@ MIGRATION_LOCK = 0x616765_6E7464
 #: operator intervention (a timeout, a shutdown), system (I/O), transaction rollback (deadlock), internal.
 _UNAVAILABLE_CLASSES = ("08", "53", "57", "58", "40", "XX")
 _READ_ONLY_TRANSACTION = "25006"  # e.g. connected to a standby after a failover
+#: SQLSTATE classes of a failed open that trying again may cure: connection, insufficient resources
+#: (too many connections, 53300), operator intervention (shutting down 57P01/57P02, starting up
+#: 57P03), system (I/O) and transaction rollback (a deadlock); and a read-only server (25006), a
+#: standby not promoted yet. Not XX (internal: a damaged database does not heal by waiting).
+_TRANSIENT_OPEN_CLASSES = ("08", "53", "57", "58", "40")
+#: What libpq or the server says when the connection itself is refused for good. A refusal during
+#: the connection carries no SQLSTATE (libpq keeps it to itself), so its words are all there is;
+#: lower case, matched anywhere in the message. Everything else that goes wrong while connecting
+#: (refused, no route, a timeout, a name that does not resolve yet, a server starting up or
+#: shutting down, too many clients) may pass.
+_REFUSED_FOR_GOOD = (
+    "authentication failed",  # 28P01 password, and ident/peer/ldap/pam/radius/cert (28000)
+    "no pg_hba.conf entry",  # 28000
+    "pg_hba.conf rejects",  # 28000
+    "does not exist",  # 3D000 database, 28000 role, a root certificate file
+    "is not permitted to log in",  # 28000
+    "no password supplied",  # libpq: the server wants a password and none was given
+    "permission denied",  # 42501: no CONNECT privilege on the database
+    "certificate",  # TLS: a certificate that does not verify, or a file that is missing
+    "server does not support ssl",  # sslmode=require against a server without TLS
+    "invalid port number",  # the URL itself (libpq checks these when it connects)
+    "invalid integer value",
+    "invalid sslmode value",
+    "unsupported frontend protocol",
+)
 _DISK_FULL = "53100"
 _SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 #: The database server's clock in epoch seconds: every lease time is by it.
@@ -139,8 +168,11 @@ class PostgresStore(Store):
     ) -> PostgresStore:
         """Connect to the database at ``url``, bring its schema up to date, and open the pool.
 
-        StoreError ``cannot open the store <url>: <reason>`` if the server cannot be reached or
-        refuses the login, a migration fails, or the database was written by a newer agentd.
+        ``cannot open the store <url>: <reason>`` otherwise: StoreUnavailable when trying again
+        may succeed — the server cannot be reached, does not answer, or is not accepting
+        connections yet (``open_failure_is_transient``) — and StoreError when it cannot: the login
+        is refused, the database does not exist, a migration fails, or the database was written
+        by a newer agentd.
         """
         location = redact_database_url(url)
         secret = password or None
@@ -159,10 +191,10 @@ class PostgresStore(Store):
                 with anyio.fail_after(MIGRATION_BOUND):
                     await _migrate(conn)
             finally:
-                await conn.close()
+                with anyio.CancelScope(shield=True):  # also when a SIGTERM cancels the start
+                    await conn.close()
         except (psycopg.Error, StoreError, TimeoutError) as exc:
-            reason = "no answer from the server" if isinstance(exc, TimeoutError) else _reason(exc)
-            raise StoreError(_scrub(f"cannot open the store {location}: {reason}", secret)) from None
+            raise _open_error(location, exc, secret) from None
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             url,
             connection_class=psycopg.AsyncConnection[DictRow],
@@ -177,9 +209,12 @@ class PostgresStore(Store):
         )
         try:
             await pool.open(wait=True, timeout=pool_timeout + CONNECT_TIMEOUT)
-        except (PoolTimeout, psycopg.Error) as exc:
-            await pool.close()
-            raise StoreError(_scrub(f"cannot open the store {location}: {_reason(exc)}", secret)) from None
+        except BaseException as exc:  # a failure, or a SIGTERM cancelling the start: no pool left running
+            with anyio.CancelScope(shield=True):
+                await pool.close()
+            if isinstance(exc, PoolTimeout | psycopg.Error):
+                raise _open_error(location, exc, secret) from None
+            raise
         return cls(pool, location, connect, secret)
 
     async def close(self) -> None:
@@ -896,6 +931,34 @@ async def _configure(conn: Conn) -> None:
     milliseconds = int(STATEMENT_TIMEOUT * 1000)
     await conn.execute(f"SET statement_timeout = {milliseconds}")
     await conn.execute(f"SET idle_in_transaction_session_timeout = {milliseconds}")
+
+
+def open_failure_is_transient(exc: BaseException) -> bool:
+    """Whether opening the store after ``exc`` may succeed when tried again (RFC 0009 §1).
+
+    True while the server is not there yet: unreachable, silent (a timeout), not resolving, or
+    refusing connections for now (starting up, shutting down, too many clients, a read-only
+    standby) — a start-up before the database, a database restart, a failover. False when trying
+    again cannot help: the login or the database refused for good, a URL libpq rejects, a
+    migration that failed on a statement, a schema newer than this agentd (a StoreError).
+    """
+    if isinstance(exc, TimeoutError | PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    if exc.sqlstate:  # a statement of the migrations, answered by the server
+        return exc.sqlstate.startswith(_TRANSIENT_OPEN_CLASSES) or exc.sqlstate == _READ_ONLY_TRANSACTION
+    if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return False  # a ProgrammingError: a URL psycopg cannot parse
+    text = _reason(exc).lower()
+    return not any(words in text for words in _REFUSED_FOR_GOOD)
+
+
+def _open_error(location: str, exc: BaseException, secret: str | None) -> StoreError:
+    """``cannot open the store <location>: <reason>``, StoreUnavailable when trying again may help."""
+    reason = "no answer from the server" if isinstance(exc, TimeoutError) else _reason(exc)
+    text = _scrub(f"cannot open the store {location}: {reason}", secret)
+    return StoreUnavailable(text) if open_failure_is_transient(exc) else StoreError(text)
 
 
 def _reason(exc: BaseException) -> str:

@@ -94,7 +94,10 @@ class SqliteStore(Store):
         """
         path = Path(path)
         try:
-            conn = await anyio.to_thread.run_sync(_connect, path)
+            # The thread runs to its end anyway; shielded, a cancelled start (SIGTERM) still gets
+            # the store, to close it, instead of leaving the connection behind.
+            with anyio.CancelScope(shield=True):
+                conn = await anyio.to_thread.run_sync(_connect, path)
         except (sqlite3.Error, OSError) as exc:  # _connect names the store itself; this is a last resort
             raise StoreError(f"cannot open the store {path}: {exc}") from exc
         return cls(conn, path)

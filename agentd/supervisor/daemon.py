@@ -2,9 +2,14 @@
 
 Start-up: config → swap policy → state dir lock (``agentd.pid``, flock) → store (``[store]``:
 SQLite in the state dir, or PostgreSQL) → restore sessions → API on ``agentd.sock`` (mode 0600)
-and optionally TCP → ``READY=1``. Signals: SIGHUP reloads
-(coalesced by the reload coordinator); SIGTERM/SIGINT drain in-flight turns for ``stop_grace``,
-then stop children with the kill ladder and exit 0 on a clean drain; a second one forces it.
+and optionally TCP → ``READY=1``. A PostgreSQL store that cannot be opened *yet* (the server
+unreachable, starting up: ``StoreUnavailable``) is waited for, tried again with backoff, while
+the listeners answer with the waiting app (alive, not ready); one that cannot be opened for good
+(``StoreError``) stops the start with exit 1. Signals: SIGHUP reloads (coalesced by the reload
+coordinator); SIGTERM/SIGINT drain in-flight turns for ``stop_grace``, then stop children with
+the kill ladder and exit 0 on a clean drain; a second one forces it. Before the store is open
+SIGTERM/SIGINT stop the start at once (exit 0: nothing runs yet) and a SIGHUP waits for the
+daemon to serve.
 """
 
 from __future__ import annotations
@@ -24,22 +29,24 @@ from pathlib import Path
 from typing import IO
 
 import anyio
+import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 import uvicorn
+from starlette.types import ASGIApp
 
 from agentd import events
-from agentd.api import BearerAuth, build_app
-from agentd.config import READ_TIMEOUT, Config, ConfigError, PolicyChoice, resolve_swap_policy
+from agentd.api import BearerAuth, SwitchableApp, build_app, build_waiting_app
+from agentd.config import READ_TIMEOUT, Config, ConfigError, PolicyChoice, StoreSettings, resolve_swap_policy
 from agentd.obs import configure_logging, get_logger
-from agentd.store import StoreError, open_store
+from agentd.store import Store, StoreError, StoreUnavailable, open_store, store_location
 from agentd.supervisor.core import Supervisor, load_daemon_config
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.replica import replica_id
 from agentd.supervisor.systemd import notify
 from agentd.validate import abort_tool_checks
 
-__all__ = ["EXIT_CONFIG", "EXIT_RUNTIME", "run_daemon"]
+__all__ = ["EXIT_CONFIG", "EXIT_RUNTIME", "STORE_RETRY_FIRST", "STORE_RETRY_MAX", "run_daemon", "store_retry_delay"]
 
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
@@ -47,6 +54,10 @@ PID_FILE = "agentd.pid"
 SOCKET_FILE = "agentd.sock"
 WATCH_INTERVAL = 1.0
 SERVER_EXIT_GRACE = 3.0
+#: Start-up while the store cannot be opened yet: the first retry after this many seconds, each
+#: next one after twice as long as the one before, up to ``STORE_RETRY_MAX``.
+STORE_RETRY_FIRST = 0.5
+STORE_RETRY_MAX = 10.0
 
 log = get_logger("supervisor")
 
@@ -119,6 +130,16 @@ class _ApiServer(uvicorn.Server):
         return None
 
 
+def store_retry_delay(attempt: int) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (1, 2, …) to open the store.
+
+    0.5 s doubling to 10 s: a blip costs under a second, and replicas waiting out a database
+    restart try a few times a minute each, not in a storm.
+    """
+    doublings = min(max(attempt, 1) - 1, 32)  # bounded: 2.0 ** a large attempt count would overflow
+    return min(STORE_RETRY_MAX, STORE_RETRY_FIRST * 2.0**doublings)
+
+
 def _server(app: object) -> _ApiServer:
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=2)  # type: ignore[arg-type]
     return _ApiServer(config)
@@ -134,6 +155,60 @@ async def _serve_until_done(server: _ApiServer, sock: socket.socket, done: anyio
 def _fail(message: str, code: int) -> int:
     print(f"agentd: {message}", file=sys.stderr, flush=True)
     return code
+
+
+class _Listeners:
+    """The API's listeners — ``agentd.sock`` and, with ``--listen``, TCP behind the bearer token —
+    one uvicorn server each, all serving one ``SwitchableApp``.
+
+    Bound once: when the daemon starts to wait for its store (serving the waiting app), else just
+    before the supervisor starts. ``serve`` then starts the servers, or points them at a new app.
+    """
+
+    def __init__(self, state_dir: Path, listen: str | None, token: str) -> None:
+        self.socket_path = state_dir / SOCKET_FILE
+        self.listen = listen
+        self.token = token
+        self.front = SwitchableApp(build_waiting_app(lambda: "starting"))
+        self.bound = False
+        self._servers: list[tuple[_ApiServer, socket.socket]] = []
+        self._served: list[anyio.Event] = []
+
+    def bind(self) -> None:
+        """Bind every listener (OSError if one cannot be); nothing is served until ``serve``. Idempotent."""
+        if self.bound:
+            return
+        self.bound = True  # from here on close() removes the socket file
+        self._servers.append((_server(self.front), bind_unix_socket(self.socket_path)))
+        if self.listen:
+            self._servers.append((_server(BearerAuth(self.front, self.token)), bind_tcp_socket(self.listen)))
+
+    def serve(self, app: ASGIApp, tg: anyio.abc.TaskGroup) -> None:
+        """Serve ``app`` on every listener from now on: the servers start the first time."""
+        self.front.app = app
+        if self._served or not self.bound:
+            return
+        for server, sock in self._servers:
+            done = anyio.Event()
+            self._served.append(done)
+            tg.start_soon(_serve_until_done, server, sock, done)
+
+    async def stop(self) -> None:
+        """Stop the servers, letting them answer the requests they hold (a waiting client whose turn
+        was cut gets its 503 naming the turn) for at most ``SERVER_EXIT_GRACE``."""
+        for server, _ in self._servers:
+            server.should_exit = True
+        with anyio.move_on_after(SERVER_EXIT_GRACE):
+            for done in self._served:
+                await done.wait()
+
+    def close(self) -> None:
+        """Close the sockets and remove ``agentd.sock``."""
+        if self.bound:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        for _, sock in self._servers:
+            sock.close()
 
 
 class EarlySignals:
@@ -233,66 +308,178 @@ async def _serve(
     early: EarlySignals,
 ) -> int:
     use_pidfd_child_watcher()
+    api = _Listeners(state_dir, listen, token)
+    opened: list[Store] = []  # the store once open: closed whatever happens next
+    exit_code, ran = EXIT_RUNTIME, False
     try:
-        store = await open_store(config.store, state_dir, os.environ)
+        # Signals are received from here on, also while the store opens: a SIGTERM then must stop the start.
+        with anyio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
+            async with anyio.create_task_group() as tg:
+                exit_code, ran = await _run(options, config, policy, state_dir, listen, early, signals, api, opened, tg)
+                await api.stop()
+                tg.cancel_scope.cancel()
+    finally:
+        for store in opened:
+            with anyio.CancelScope(shield=True):
+                await store.close()
+        api.close()
+    if ran:
+        log.info("supervisor.stopped", exit_code=exit_code)
+    return exit_code
+
+
+async def _run(
+    options: DaemonOptions,
+    config: Config,
+    policy: PolicyChoice,
+    state_dir: Path,
+    listen: str | None,
+    early: EarlySignals,
+    signals: AsyncIterator[int],
+    api: _Listeners,
+    opened: list[Store],
+    tg: anyio.abc.TaskGroup,
+) -> tuple[int, bool]:
+    """Open the store (waiting for it while it cannot be opened yet), start the supervisor and serve
+    until SIGTERM/SIGINT. The exit code, and whether the daemon ran (False: it failed to start)."""
+    watch = options.config_path if options.watch_config else None
+    mtime = _Mtime(watch) if watch is not None else None
+    # The file's mtime as it was read: an edit made while the store is waited for is reloaded once serving.
+    config_seen = (mtime, await mtime()) if mtime is not None else None
+    deferred: list[int] = []  # SIGHUPs before the daemon serves: replayed as reloads then
+    try:
+        store = await _open_store(config.store, state_dir, early.received, signals, api, tg, deferred)
     except StoreError as exc:  # "cannot open the store <where>: <reason>": the operator's to fix, no traceback
-        return _fail(str(exc), EXIT_RUNTIME)
+        return _fail(str(exc), EXIT_RUNTIME), False
+    except OSError as exc:  # a listener for the wait cannot be bound
+        return _fail(f"cannot start: {exc}", EXIT_RUNTIME), False
+    if store is None:  # SIGTERM/SIGINT before the store opened: nothing runs, nothing to drain
+        return 0, True
+    opened.append(store)
     supervisor = Supervisor(options, config, policy, store)
     # The file may have been edited while the daemon was stopped: the reload rule holds at start too.
     try:
         orphaned = await supervisor.orphaned_sessions(config)
     except StoreError as exc:
-        await store.close()
-        return _fail(str(exc), EXIT_RUNTIME)
+        return _fail(str(exc), EXIT_RUNTIME), False
     if orphaned:
-        await store.close()
         lines = "\n".join(f"  {issue}" for issue in orphaned)
-        return _fail(f"invalid config ({options.config_path or 'config'}):\n{lines}", EXIT_CONFIG)
-    socket_path = state_dir / SOCKET_FILE
-    unix_sock = bind_unix_socket(socket_path)
-    servers: list[tuple[_ApiServer, socket.socket]] = [(_server(build_app(supervisor)), unix_sock)]
-    if listen:
-        servers.append((_server(BearerAuth(build_app(supervisor), token)), bind_tcp_socket(listen)))
-    exit_code = 0
+        return _fail(f"invalid config ({options.config_path or 'config'}):\n{lines}", EXIT_CONFIG), False
     try:
-        with anyio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
-            async with anyio.create_task_group() as tg:
-                await supervisor.start(tg)
-                served = [anyio.Event() for _ in servers]
-                for (server, sock), done in zip(servers, served, strict=True):
-                    tg.start_soon(_serve_until_done, server, sock, done)
-                if options.watch_config and options.config_path is not None:
-                    tg.start_soon(_watch_config, supervisor, options.config_path)
-                log.info(
-                    "supervisor.started",
-                    pid=os.getpid(),
-                    state_dir=str(state_dir),
-                    store=store.location,
-                    generation=supervisor.generation,
-                    model_swap=policy.policy.value,
-                    model_swap_source=policy.source,
-                    listen=listen,
-                    config=str(options.config_path) if options.config_path else "<built-in quickstart>",
-                )
-                notify("READY=1", f"STATUS=generation {supervisor.generation}", f"MAINPID={os.getpid()}")
-                exit_code = await _handle_signals(signals, supervisor, tg, early.received)
-                for server, _ in servers:
-                    server.should_exit = True
-                # Let the servers answer the requests they hold (a waiting client whose turn was cut
-                # gets its 503 naming the turn) before everything is cancelled.
-                with anyio.move_on_after(SERVER_EXIT_GRACE):
-                    for done in served:
-                        await done.wait()
-                tg.cancel_scope.cancel()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await store.close()
-        with contextlib.suppress(FileNotFoundError):
-            socket_path.unlink()
-        for _, sock in servers:
-            sock.close()
-    log.info("supervisor.stopped", exit_code=exit_code)
-    return exit_code
+        api.bind()
+    except OSError as exc:
+        return _fail(f"cannot start: {exc}", EXIT_RUNTIME), False
+    await supervisor.start(tg)
+    api.serve(build_app(supervisor), tg)
+    if watch is not None:
+        tg.start_soon(_watch_config, supervisor, watch, config_seen)
+    log.info(
+        "supervisor.started",
+        pid=os.getpid(),
+        state_dir=str(state_dir),
+        store=store.location,
+        generation=supervisor.generation,
+        model_swap=policy.policy.value,
+        model_swap_source=policy.source,
+        listen=listen,
+        config=str(options.config_path) if options.config_path else "<built-in quickstart>",
+    )
+    notify("READY=1", f"STATUS=generation {supervisor.generation}", f"MAINPID={os.getpid()}")
+    return await _handle_signals(signals, supervisor, tg, deferred), True
+
+
+async def _open_store(
+    settings: StoreSettings,
+    state_dir: Path,
+    early: list[int],
+    signals: AsyncIterator[int],
+    api: _Listeners,
+    tg: anyio.abc.TaskGroup,
+    deferred: list[int],
+) -> Store | None:
+    """The store, opened — after waiting for it as long as it cannot be opened yet (RFC 0009 §1).
+
+    None when SIGTERM or SIGINT came first: they stop the start at once, even mid-connect. Signals
+    count from the launch on (``early``, recorded before the loop listened, first); SIGHUPs go to
+    ``deferred``, to reload once the daemon serves. StoreError when the store cannot be opened for
+    good; OSError when a listener for the wait cannot be bound.
+    """
+    for signum in early:
+        if not _before_serving(signum, deferred):
+            return None
+    outcome: list[Store | StoreError | OSError] = []
+    stopped = False
+    async with anyio.create_task_group() as opening:
+
+        async def open_then_stop_listening() -> None:
+            try:
+                outcome.append(await _open_patiently(settings, state_dir, api, tg))
+            except (StoreError, OSError) as exc:
+                outcome.append(exc)
+            opening.cancel_scope.cancel()
+
+        opening.start_soon(open_then_stop_listening)
+        async for signum in signals:
+            if not _before_serving(signum, deferred):
+                stopped = True
+                opening.cancel_scope.cancel()
+                break
+    if stopped:
+        for result in outcome:  # it opened just as the signal came
+            if isinstance(result, Store):
+                with anyio.CancelScope(shield=True):
+                    await result.close()
+        return None
+    [result] = outcome
+    if isinstance(result, StoreError | OSError):
+        raise result
+    return result
+
+
+def _before_serving(signum: int, deferred: list[int]) -> bool:
+    """A signal before the store is open: a SIGHUP is kept for the reload once the daemon serves
+    (True: go on starting); SIGTERM or SIGINT stops the start (False)."""
+    name = signal.Signals(signum).name
+    if signum == signal.SIGHUP:
+        deferred.append(signum)
+        log.info(events.LOG_SIGNAL, signal=name, action="deferred")
+        return True
+    log.info(events.LOG_SIGNAL, signal=name, action="stop")
+    notify("STOPPING=1")
+    return False
+
+
+async def _open_patiently(settings: StoreSettings, state_dir: Path, api: _Listeners, tg: anyio.abc.TaskGroup) -> Store:
+    """``open_store``, tried again while it raises StoreUnavailable, after ``store_retry_delay``.
+
+    Each failed attempt is one ``store.waiting`` line and a systemd ``STATUS=``; from the first,
+    the listeners serve the waiting app (``/v1/health`` 200, ``/v1/ready`` 503 with the reason).
+    ``store.opened`` when it opens after waiting. StoreError (not StoreUnavailable) at once when it
+    cannot be opened for good; OSError when a listener cannot be bound.
+    """
+    location = store_location(settings, state_dir)
+    waiting_for = ["starting"]  # what the waiting app answers with: the newest failure
+    began = time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            store = await open_store(settings, state_dir, os.environ)
+        except StoreUnavailable as exc:
+            delay = store_retry_delay(attempt)
+            waiting_for[0] = f"waiting for the store: {exc}"
+            log.warning(events.LOG_STORE_WAITING, store=location, error=str(exc), attempt=attempt, retry_in=delay)
+            notify(f"STATUS={waiting_for[0]}")
+            if attempt == 1:
+                api.bind()
+                api.serve(build_waiting_app(lambda: waiting_for[0]), tg)
+            await anyio.sleep(delay)
+            continue
+        if attempt > 1:
+            waiting_for[0] = "starting: the store is open"
+            waited = round(time.monotonic() - began, 3)
+            log.info(events.LOG_STORE_OPENED, store=location, attempts=attempt, waited=waited)
+        return store
 
 
 async def _handle_signals(
@@ -312,7 +499,7 @@ async def _handle_signals(
 
     async def reload() -> None:
         notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
-        log.info("supervisor.signal", signal="SIGHUP", action="reload")
+        log.info(events.LOG_SIGNAL, signal="SIGHUP", action="reload")
         outcome = await supervisor.reload()
         notify("READY=1", f"STATUS=generation {outcome.generation}")
 
@@ -330,10 +517,10 @@ async def _handle_signals(
                     tg.start_soon(reload)
             elif not shutting_down:
                 shutting_down = True
-                log.info("supervisor.signal", signal=signal.Signals(signum).name, action="drain")
+                log.info(events.LOG_SIGNAL, signal=signal.Signals(signum).name, action="drain")
                 tg.start_soon(shutdown)
             else:
-                log.warning("supervisor.signal", signal=signal.Signals(signum).name, action="force")
+                log.warning(events.LOG_SIGNAL, signal=signal.Signals(signum).name, action="force")
                 abort_tool_checks()
                 supervisor.draining = True
                 await supervisor.stop()
@@ -348,14 +535,19 @@ async def _handle_signals(
     return result["code"]
 
 
-async def _watch_config(supervisor: Supervisor, path: Path) -> None:
-    """``--watch-config``: reload when the file's mtime changes and then holds still (debounced)."""
-    mtime = _Mtime(path)
-    last = await mtime()
+async def _watch_config(supervisor: Supervisor, path: Path, first: tuple[_Mtime, float | None] | None = None) -> None:
+    """``--watch-config``: reload when the file's mtime changes and then holds still (debounced).
+
+    ``first``: the reader of the file's mtime and what it read when the config was loaded, so that
+    an edit made while the daemon waited for its store is reloaded at once; else read now.
+    """
+    mtime, last = first if first is not None else (_Mtime(path), None)
+    if first is None:
+        last = await mtime()
     while True:
-        await anyio.sleep(WATCH_INTERVAL)
         current = await mtime()
         if current == last:
+            await anyio.sleep(WATCH_INTERVAL)
             continue
         await anyio.sleep(WATCH_INTERVAL / 2)
         if await mtime() != current:
@@ -363,6 +555,7 @@ async def _watch_config(supervisor: Supervisor, path: Path) -> None:
         last = current
         log.info(events.LOG_CONFIG_WATCH, path=str(path))
         await supervisor.reload()
+        await anyio.sleep(WATCH_INTERVAL)
 
 
 class _Mtime:
