@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import pg_proxy
 from tests.daemon_harness import Daemon, running_daemon, two_assistant_config
 from tests.pg_harness import PgServer
 
@@ -76,3 +77,42 @@ def test_a_daemon_whose_database_cannot_be_reached_exits_1_naming_it(tmp_path: P
     assert result.returncode == 1, result.stderr
     [line] = [line for line in result.stderr.splitlines() if line.startswith("agentd: ")]
     assert line.startswith("agentd: cannot open the store postgresql://127.0.0.1:1/agentd: "), line
+
+
+def test_a_turn_whose_commit_answer_was_lost_ends_as_the_child_reported_it_stored_once(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    """The connection to PostgreSQL is lost once the server committed the turn and before the daemon
+    heard (RFC 0003 §3): the client waiting is told 503, the retry recognises the commit, and the
+    turn ends as the child reported it — with its messages once — not ``failed``."""
+    with pg.database() as url, pg_proxy.proxy_in_thread(url) as proxy:
+        top = f'[store]\nurl = "{proxy.url(url)}"\nlease = "10s"\n'
+        with running_daemon(tmp_path, two_assistant_config(tmp_path / "hold", top=top)) as daemon:
+            session = daemon.new_session("main")
+            events = daemon.events(session)
+            proxy.arm(pg_proxy.TURN_COMMIT, pg_proxy.Cut.AFTER_REPLY)
+            answer = daemon.api("POST", f"/v1/sessions/{session}/messages", {"content": "hello there", "wait": True})
+            assert proxy.cut.is_set()
+            assert answer.status_code == 503, answer.text  # the first commit failed, as far as the daemon knows
+            error = answer.json()["error"]
+            assert error["code"] == "store_unavailable"
+            turn_id = error["turn"]
+
+            reply = f"[{MODEL}] You said: hello there"
+            done = events.wait("turn.done", lambda d: d["turn"] == turn_id)
+            assert done["status"] == "completed"
+            assert [m["content"] for m in done["messages"]] == [reply]
+            assert daemon.turn(session, turn_id)["status"] == "completed"
+            assert [(e["role"], e["content"]) for e in daemon.entries(session, turn_id)] == [
+                ("user", "hello there"),
+                ("assistant", reply),
+            ]
+            [logged] = daemon.wait_log("turn.done", lambda r: r.get("turn") == turn_id)
+            assert logged["status"] == "completed"
+            assert daemon.log_events("turn.commit_failed")
+            assert [r["turn"] for r in daemon.log_events("turn.commit_recovered")] == [turn_id]
+            assert not daemon.log_events("turn.commit_refused")
+
+            again = daemon.send(session, "still there?")  # the session is usable as before
+            assert again["turn"]["status"] == "completed"
+            assert len(daemon.session(session)["turns"]) == 2
