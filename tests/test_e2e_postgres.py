@@ -11,6 +11,7 @@ import secrets
 import signal
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests import pg_proxy
@@ -116,3 +117,37 @@ def test_a_turn_whose_commit_answer_was_lost_ends_as_the_child_reported_it_store
             again = daemon.send(session, "still there?")  # the session is usable as before
             assert again["turn"]["status"] == "completed"
             assert len(daemon.session(session)["turns"]) == 2
+
+
+def test_a_retried_commit_the_store_refuses_ends_the_turn_failed_and_frees_the_session(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    """A commit that failed (the connection lost before its COMMIT reached the server) is retried;
+    when the retry is refused — the turn ended otherwise meanwhile — the turn ends ``failed`` (RFC
+    0003 §3) and the session takes the next message, rather than staying busy with a turn that
+    will never commit."""
+    with pg.database() as url, pg_proxy.proxy_in_thread(url) as proxy:
+        top = f'[store]\nurl = "{proxy.url(url)}"\nlease = "10s"\n'
+        with running_daemon(tmp_path, two_assistant_config(tmp_path / "hold", top=top)) as daemon:
+            session = daemon.new_session("main")
+            events = daemon.events(session)
+            proxy.arm(pg_proxy.TURN_COMMIT, pg_proxy.Cut.BEFORE_COMMIT, every=True)  # every attempt is lost
+            answer = daemon.api("POST", f"/v1/sessions/{session}/messages", {"content": "hello", "wait": True})
+            assert answer.status_code == 503, answer.text
+            turn_id = answer.json()["error"]["turn"]
+            with psycopg.connect(url, autocommit=True) as conn:  # behind the daemon's back, not through the proxy
+                conn.execute(
+                    "UPDATE turns SET status = 'cancelled', ended_at = 1, error = 'ended elsewhere' WHERE id = %s",
+                    (turn_id,),
+                )
+            proxy.disarm()
+
+            done = events.wait("turn.done", lambda d: d["turn"] == turn_id)
+            assert done["status"] == "failed"
+            assert done["error"].startswith("the store refused the turn's results: "), done["error"]
+            assert done["messages"] == []
+            [refused] = daemon.wait_log("turn.commit_refused", lambda r: r.get("turn") == turn_id)
+            assert "not pending (status cancelled)" in refused["error"]
+            assert not daemon.log_events("turn.commit_recovered")
+            again = daemon.send(session, "still there?")  # not 409 turn_running: the session is free
+            assert again["turn"]["status"] == "completed"
