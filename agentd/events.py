@@ -59,6 +59,9 @@ LOG_SWAP_APPLIED_IDLE: Final = "intel.swap.applied_idle"  # one line per child: 
 LOG_TURN_RESTARTED: Final = "turn.restarted"
 LOG_TURN_DONE: Final = "turn.done"
 LOG_TURN_DISCARDED: Final = "turn.discarded"
+# A commit found its turn ended by an earlier attempt of the same commit (its answer was lost with
+# the connection): the results are stored once, the turn ends as reported (RFC 0003 §3).
+LOG_TURN_COMMIT_RECOVERED: Final = "turn.commit_recovered"
 LOG_TOOL_REPLAYED: Final = "tool.replayed"
 LOG_CONFIG_RELOAD: Final = "config.reload"
 LOG_CONFIG_WATCH: Final = "config.watch"  # --watch-config saw the file change; a reload follows

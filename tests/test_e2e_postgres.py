@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
+from tests import pg_proxy
 from tests.daemon_harness import TIMEOUT, Daemon, free_port, running_daemon, two_assistant_config, wait_until
 from tests.pg_front import FrontMode, PgFront, database_name
 from tests.pg_harness import PgServer, url_for
@@ -204,3 +206,76 @@ def test_a_store_refused_for_good_exits_1_at_once_naming_it(tmp_path: Path, data
     output = result.stdout + result.stderr
     assert database.secret not in output and wrong not in output
     assert not daemon.socket.exists()
+
+
+def test_a_turn_whose_commit_answer_was_lost_ends_as_the_child_reported_it_stored_once(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    """The connection to PostgreSQL is lost once the server committed the turn and before the daemon
+    heard (RFC 0003 §3): the client waiting is told 503, the retry recognises the commit, and the
+    turn ends as the child reported it — with its messages once — not ``failed``."""
+    with pg.database() as url, pg_proxy.proxy_in_thread(url) as proxy:
+        top = f'[store]\nurl = "{proxy.url(url)}"\nlease = "10s"\n'
+        with running_daemon(tmp_path, two_assistant_config(tmp_path / "hold", top=top)) as daemon:
+            session = daemon.new_session("main")
+            events = daemon.events(session)
+            proxy.arm(pg_proxy.TURN_COMMIT, pg_proxy.Cut.AFTER_REPLY)
+            answer = daemon.api("POST", f"/v1/sessions/{session}/messages", {"content": "hello there", "wait": True})
+            assert proxy.cut.is_set()
+            assert answer.status_code == 503, answer.text  # the first commit failed, as far as the daemon knows
+            error = answer.json()["error"]
+            assert error["code"] == "store_unavailable"
+            turn_id = error["turn"]
+
+            reply = f"[{MODEL}] You said: hello there"
+            done = events.wait("turn.done", lambda d: d["turn"] == turn_id)
+            assert done["status"] == "completed"
+            assert [m["content"] for m in done["messages"]] == [reply]
+            assert daemon.turn(session, turn_id)["status"] == "completed"
+            assert [(e["role"], e["content"]) for e in daemon.entries(session, turn_id)] == [
+                ("user", "hello there"),
+                ("assistant", reply),
+            ]
+            [logged] = daemon.wait_log("turn.done", lambda r: r.get("turn") == turn_id)
+            assert logged["status"] == "completed"
+            assert daemon.log_events("turn.commit_failed")
+            assert [r["turn"] for r in daemon.log_events("turn.commit_recovered")] == [turn_id]
+            assert not daemon.log_events("turn.commit_refused")
+
+            again = daemon.send(session, "still there?")  # the session is usable as before
+            assert again["turn"]["status"] == "completed"
+            assert len(daemon.session(session)["turns"]) == 2
+
+
+def test_a_retried_commit_the_store_refuses_ends_the_turn_failed_and_frees_the_session(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    """A commit that failed (the connection lost before its COMMIT reached the server) is retried;
+    when the retry is refused — the turn ended otherwise meanwhile — the turn ends ``failed`` (RFC
+    0003 §3) and the session takes the next message, rather than staying busy with a turn that
+    will never commit."""
+    with pg.database() as url, pg_proxy.proxy_in_thread(url) as proxy:
+        top = f'[store]\nurl = "{proxy.url(url)}"\nlease = "10s"\n'
+        with running_daemon(tmp_path, two_assistant_config(tmp_path / "hold", top=top)) as daemon:
+            session = daemon.new_session("main")
+            events = daemon.events(session)
+            proxy.arm(pg_proxy.TURN_COMMIT, pg_proxy.Cut.BEFORE_COMMIT, every=True)  # every attempt is lost
+            answer = daemon.api("POST", f"/v1/sessions/{session}/messages", {"content": "hello", "wait": True})
+            assert answer.status_code == 503, answer.text
+            turn_id = answer.json()["error"]["turn"]
+            with psycopg.connect(url, autocommit=True) as conn:  # behind the daemon's back, not through the proxy
+                conn.execute(
+                    "UPDATE turns SET status = 'cancelled', ended_at = 1, error = 'ended elsewhere' WHERE id = %s",
+                    (turn_id,),
+                )
+            proxy.disarm()
+
+            done = events.wait("turn.done", lambda d: d["turn"] == turn_id)
+            assert done["status"] == "failed"
+            assert done["error"].startswith("the store refused the turn's results: "), done["error"]
+            assert done["messages"] == []
+            [refused] = daemon.wait_log("turn.commit_refused", lambda r: r.get("turn") == turn_id)
+            assert "not pending (status cancelled)" in refused["error"]
+            assert not daemon.log_events("turn.commit_recovered")
+            again = daemon.send(session, "still there?")  # not 409 turn_running: the session is free
+            assert again["turn"]["status"] == "completed"

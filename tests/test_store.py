@@ -569,24 +569,133 @@ async def test_commit_is_atomic(
     assert await store.pending_turn("s1") is None
 
 
-async def test_a_duplicate_commit_is_refused_and_writes_nothing(store: Store, backend: Backend) -> None:
+def test_a_landed_commit_is_recognised_only_by_its_own_row_and_entries() -> None:
+    """``codec.landed_commit_seqs``, the decision both backends make on a commit's retry."""
+    result = record("t1", ended_at=1600.0, models=("echo-small",), steps=2)
+    columns = codec.ended_turn_columns(result, TurnStatus.COMPLETED)
+    stored = {**columns, "n": 7, "id": "t1", "started_at": 1500.0}  # a row has more columns than a commit sets
+    texts = [codec.encode_message(reply("t1", "hi")), codec.encode_message(reply("t1", "again"))]
+
+    def row(seq: int, text: str, *, active: bool = True, is_input: bool = False) -> codec.EntryRow:
+        return codec.EntryRow(seq, active, text, is_input)
+
+    written = [row(3, texts[0]), row(4, texts[1])]
+    landed = codec.landed_commit_seqs
+    assert landed(stored, columns, written, texts) == (3, 4)
+    assert landed(stored, columns, [*written, row(5, "next", is_input=True)], texts) == (3, 4)  # a later turn's input
+    assert landed(stored, columns, [], []) == ()
+    assert landed(stored, columns, [row(3, "next", is_input=True)], []) == ()
+
+    for name, value in (("status", "exhausted_steps"), ("ended_at", 1601.0), ("steps", 3), ("error", "boom")):
+        assert landed({**stored, name: value}, columns, written, texts) is None, name
+    assert landed(stored, columns, [row(3, texts[0]), row(4, "other")], texts) is None
+    assert landed(stored, columns, [row(3, texts[0]), row(4, texts[1], active=False)], texts) is None  # rewritten since
+    assert landed(stored, columns, [row(3, texts[0]), row(4, texts[1], is_input=True)], texts) is None
+    assert landed(stored, columns, written[:1], texts) is None  # fewer entries than the commit writes
+    assert landed(stored, columns, [*written, row(5, "more")], texts) is None  # the commit that landed wrote more
+    assert landed(stored, columns, [row(3, "more")], []) is None
+    assert landed(stored, columns, [row(3, texts[0]), row(5, texts[1])], texts) is None  # not consecutive
+
+
+def raw_state(backend: Backend) -> tuple[list[tuple[Any, ...]], ...]:
+    """Every row of the store's tables, to show that a call wrote nothing."""
+    return tuple(
+        backend.raw(f"SELECT * FROM {table} ORDER BY {order}")
+        for table, order in (("entries", "seq"), ("turns", "n"), ("sessions", "id"), ("journal", "seq"))
+    )
+
+
+@pytest.mark.parametrize(
+    ("opener", "rewrite", "expected_seqs"),
+    [(False, False, (5, 6)), (False, True, (5, 6, 7, 8)), (True, False, (4, 5)), (True, True, (4, 5, 6, 7))],
+    ids=["append", "transcript-replacement", "opener", "opener-transcript-replacement"],
+)
+async def test_a_commit_that_landed_is_recognised_on_retry_and_stored_once(
+    store: Store, backend: Backend, opener: bool, rewrite: bool, expected_seqs: tuple[int, ...]
+) -> None:
+    """The retry of a commit whose answer was lost (RFC 0003 §3) gets what the first attempt got."""
+    await new_session(store)
+    await store.begin_turn("s1", "t0", UserMessage(content="earlier"), started_at=1400.0)
+    await commit(store, "s1", "t0", [reply("t0", "before")])
+    await store.begin_turn("s1", "t1", None if opener else UserMessage(content="hello"), started_at=1500.0)
+    result = record("t1", ended_at=1600.0, models=("echo-small",), steps=2, usage=Usage(7, 3))
+    messages: list[Message] = [reply("t1", "hi"), reply("t1", "again")]
+    transcript: list[Message] | None = None
+    if rewrite:
+        transcript = [SystemMessage(content="You handle invoices.", name="billing"), UserMessage(content="earlier")]
+        transcript += messages
+    arguments: dict[str, Any] = {"assistant": "triage", "messages": messages, "transcript": transcript}
+    first = await store.commit_turn("s1", result, **arguments)
+    assert first == CommittedTurn(msgspec.structs.replace(result, started_at=1500.0), expected_seqs)
+    before = raw_state(backend)
+
+    again = await store.commit_turn("s1", result, **arguments)
+
+    assert again == first
+    assert raw_state(backend) == before  # nothing written twice
+    session = await store.load_session("s1")
+    assert session is not None
+    assert [e.message for e in session.transcript if e.seq in again.seqs] == (transcript or messages)
+    assert [getattr(e.message, "content", None) for e in session.transcript].count("again") == 1
+
+
+async def test_a_retried_commit_is_recognised_after_another_replica_stored_the_next_message(
+    store: Store, backend: Backend
+) -> None:
+    """A message another replica stored meanwhile (``begin_turn`` is not fenced) does not hide the commit."""
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
+    result = record("t1", ended_at=1600.0)
+    first = await store.commit_turn("s1", result, assistant="triage", messages=[reply("t1", "hi")])
+    assert await store.begin_turn("s1", "t2", UserMessage(content="next"), started_at=1700.0) == 4
+    before = raw_state(backend)
+    assert await store.commit_turn("s1", result, assistant="triage", messages=[reply("t1", "hi")]) == first
+    assert raw_state(backend) == before
+
+
+async def test_a_commit_of_other_results_for_an_ended_turn_is_refused_and_writes_nothing(
+    store: Store, backend: Backend
+) -> None:
     await new_session(store)
     await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
     result = record("t1", ended_at=1600.0)
     messages = [reply("t1", "hi"), reply("t1", "again")]
     assert (await store.commit_turn("s1", result, assistant="triage", messages=messages)).seqs == (3, 4)
-    entries = backend.raw("SELECT * FROM entries ORDER BY seq")
-    turns = backend.raw("SELECT * FROM turns ORDER BY n")
-    sessions = backend.raw("SELECT * FROM sessions")
+    before = raw_state(backend)
 
-    with pytest.raises(StoreError, match=r"session s1 turn t1.*not pending \(status completed\)"):
-        await store.commit_turn("s1", result, assistant="triage", messages=messages)
-    with pytest.raises(StoreError, match=r"session s1 turn t1"):
-        await commit(store, "s1", "t1", [reply("t1", "other")], transcript=[reply("t1", "x")])
+    refused = r"^cannot commit session s1 turn t1: the turn is not pending \(status completed\)$"
+    others: list[tuple[TurnRecord, list[Message], list[Message] | None]] = [
+        (record("t1", ended_at=1601.0), messages, None),  # another record
+        (record("t1", ended_at=1600.0, status=TurnStatus.EXHAUSTED_STEPS), messages, None),
+        (record("t1", ended_at=1600.0, error="boom"), messages, None),
+        (result, [reply("t1", "hi"), reply("t1", "other")], None),  # other entries
+        (result, messages[:1], None),  # fewer
+        (result, [*messages, reply("t1", "more")], None),  # more
+        (result, [], None),
+        (result, messages, [reply("t1", "x")]),  # a rewrite where there was none
+    ]
+    for other, other_messages, transcript in others:
+        with pytest.raises(StoreError, match=refused):
+            await store.commit_turn("s1", other, assistant="triage", messages=other_messages, transcript=transcript)
+    assert raw_state(backend) == before
 
-    assert backend.raw("SELECT * FROM entries ORDER BY seq") == entries
-    assert backend.raw("SELECT * FROM turns ORDER BY n") == turns
-    assert backend.raw("SELECT * FROM sessions") == sessions
+
+async def test_a_commit_for_a_turn_that_ended_without_results_is_refused(store: Store, backend: Backend) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
+    await store.abandon_turn("s1", "t1", status="cancelled", error="cancelled by the operator", ended_at=1550.0)
+    before = raw_state(backend)
+    with pytest.raises(StoreError, match=r"not pending \(status cancelled\)$"):
+        await store.commit_turn("s1", record("t1", ended_at=1600.0), assistant="triage", messages=[reply("t1", "hi")])
+    # Not even one whose record says what the abandon wrote: the abandon wrote none of its entries.
+    with pytest.raises(StoreError, match=r"not pending \(status cancelled\)$"):
+        await store.commit_turn(
+            "s1",
+            record("t1", status=TurnStatus.CANCELLED, ended_at=1550.0, error="cancelled by the operator"),
+            assistant="triage",
+            messages=[reply("t1", "hi")],
+        )
+    assert raw_state(backend) == before
 
 
 async def test_transcript_replacement_keeps_old_entries_inactive_and_seqs_increasing(

@@ -193,6 +193,29 @@ async def test_a_commit_with_a_lost_lease_is_refused_and_writes_nothing(store: S
     ]
 
 
+async def test_a_commit_that_landed_is_recognised_only_while_its_lease_is_current(
+    store: Store, backend: Backend
+) -> None:
+    """The retry of a commit whose answer was lost gets the committed turn while the lease holds;
+    once another replica claimed the session it is LeaseLost like any fenced write, writing nothing."""
+    await new_session(store, pending="t1")
+    lease = await store.claim("s1", "r1", BRIEF)
+    assert lease is not None
+    arguments: dict[str, Any] = {"assistant": "triage", "messages": [answer("t1", "once")], "lease": lease}
+    first = await store.commit_turn("s1", done("t1"), **arguments)
+    assert first.seqs == (3,)
+    assert await store.commit_turn("s1", done("t1"), **arguments) == first  # recognised: same lease
+
+    await expired(store, "s1")
+    assert await store.claim("s1", "r2", LONG) is not None
+    entries = backend.raw("SELECT * FROM entries ORDER BY seq")
+    turns = backend.raw("SELECT * FROM turns ORDER BY n")
+    with pytest.raises(LeaseLost, match=r"^cannot commit session s1 turn t1: replica r1 no longer holds"):
+        await store.commit_turn("s1", done("t1"), **arguments)
+    assert backend.raw("SELECT * FROM entries ORDER BY seq") == entries
+    assert backend.raw("SELECT * FROM turns ORDER BY n") == turns
+
+
 async def test_every_fenced_write_refuses_a_stale_token(store: Store) -> None:
     await new_session(store, pending="t1")
     old, _ = await taken_over(store, "s1")

@@ -16,18 +16,20 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import msgspec
 import psycopg
 import pytest
 from psycopg_pool import PoolTimeout
 from structlog.testing import capture_logs
 
+from agentd import events
 from agentd.budget import TurnStatus
 from agentd.config import StoreSettings
 from agentd.messages import AssistantMessage, UserMessage
 from agentd.records import TurnRecord
-from agentd.store import Store, StoreError, StoreUnavailable, migrations, open_store, postgres
+from agentd.store import CommittedTurn, Store, StoreError, StoreUnavailable, migrations, open_store, postgres
 from agentd.store.postgres import PostgresStore
-from tests import pg_harness
+from tests import pg_harness, pg_proxy
 from tests.pg_harness import Cluster, PgServer
 
 pytestmark = pytest.mark.anyio
@@ -181,6 +183,68 @@ async def test_a_statement_the_server_times_out_is_unavailable(database: str, mo
         assert (await store.pending_turn("s1")) is not None  # nothing of it was written
     finally:
         await store.close()
+
+
+# --------------------------------------------------------------------------- a connection lost with COMMIT in flight
+
+
+def rows(database: str, query: str) -> list[tuple[Any, ...]]:
+    """``query`` on the database directly (not through the proxy)."""
+    with psycopg.connect(database) as conn:
+        return conn.execute(query).fetchall()
+
+
+async def test_a_commit_whose_answer_was_lost_with_the_connection_is_recognised_by_its_retry(database: str) -> None:
+    """The connection is lost once the server committed and before the store heard (RFC 0003 §3):
+    the store cannot know; its retry finds the results stored and returns them, writing nothing twice."""
+    messages = [AssistantMessage(content="hi", turn="t1"), AssistantMessage(content="again", turn="t1")]
+    async with pg_proxy.serving(database) as proxy:
+        store = await PostgresStore.open(proxy.url(database))
+        try:
+            await new_session(store)
+            lease = await store.claim("s1", "r1", 600.0)
+            arguments: dict[str, Any] = {"assistant": "triage", "messages": messages, "lease": lease}
+            proxy.arm(pg_proxy.TURN_COMMIT, pg_proxy.Cut.AFTER_REPLY)
+            with pytest.raises(StoreUnavailable, match=r"^commit session s1 turn t1: "):
+                await store.commit_turn("s1", done("t1"), **arguments)
+            assert proxy.cut.is_set()
+            assert rows(database, "SELECT status FROM turns WHERE id = 't1'") == [("completed",)]  # it landed
+
+            with capture_logs() as logs:
+                committed = await store.commit_turn("s1", done("t1"), **arguments)
+        finally:
+            await store.close()
+
+    assert committed == CommittedTurn(msgspec.structs.replace(done("t1"), started_at=1.0), (2, 3))
+    assert rows(database, "SELECT seq, message::json->>'content' FROM entries ORDER BY seq") == [
+        (1, "hello"),
+        (2, "hi"),
+        (3, "again"),
+    ]
+    [recovered] = [entry for entry in logs if entry["event"] == events.LOG_TURN_COMMIT_RECOVERED]
+    assert (recovered["session"], recovered["turn"], recovered["seqs"]) == ("s1", "t1", [2, 3])
+
+
+async def test_a_commit_lost_before_it_reached_the_server_is_written_by_its_retry(database: str) -> None:
+    messages = [AssistantMessage(content="hi", turn="t1")]
+    async with pg_proxy.serving(database) as proxy:
+        store = await PostgresStore.open(proxy.url(database))
+        try:
+            await new_session(store)
+            proxy.arm(pg_proxy.TURN_COMMIT, pg_proxy.Cut.BEFORE_COMMIT)
+            with pytest.raises(StoreUnavailable, match=r"^commit session s1 turn t1: "):
+                await store.commit_turn("s1", done("t1"), assistant="triage", messages=messages)
+            assert proxy.cut.is_set()
+            assert rows(database, "SELECT status FROM turns WHERE id = 't1'") == [("pending",)]  # rolled back
+
+            with capture_logs() as logs:
+                committed = await store.commit_turn("s1", done("t1"), assistant="triage", messages=messages)
+        finally:
+            await store.close()
+
+    assert committed.seqs == (2,)
+    assert rows(database, "SELECT seq FROM entries ORDER BY seq") == [(1,), (2,)]
+    assert not [entry for entry in logs if entry["event"] == events.LOG_TURN_COMMIT_RECOVERED]
 
 
 # --------------------------------------------------------------------------- locks: waiting without blocking

@@ -9,7 +9,8 @@ Rules every backend keeps:
 
 - A user message is stored (``begin_turn``) before it is delivered to a child; a turn's results
   are written by exactly one transaction (``commit_turn``). A failure inside that transaction
-  leaves nothing of it behind and the turn still pending.
+  leaves nothing of it behind and the turn still pending; a retry of a commit that did land
+  (its answer was lost) is recognised and writes nothing again.
 - While a turn is pending, its side-effecting tool calls are journaled (``journal_start`` before
   a call runs, ``journal_finish`` with its result; RFC 0008 §5) so that a re-run never runs one
   again. The transaction that ends the turn (commit or abandon) deletes its journal.
@@ -301,9 +302,16 @@ class Store(abc.ABC):
         ``record.started_at`` is not written: a turn started when ``begin_turn`` stored it, and
         the returned record carries that time.
 
-        UnknownSession if the session is unknown; StoreError if the turn is unknown or not
-        pending (a duplicate commit writes nothing); LeaseLost if ``lease`` is given and is no
-        longer the session's. If anything fails, nothing of the turn is written.
+        Idempotent: a commit that finds the turn no longer pending because an earlier attempt of
+        this very commit ended it (its answer was lost with the connection, so its caller retries)
+        writes nothing and returns what that attempt returned — the lease, if any, is still
+        current, the turn's row holds these results, and the entries that attempt wrote are
+        these messages (``codec.landed_commit_seqs``; RFC 0003 §3).
+
+        UnknownSession if the session is unknown; StoreError if the turn is unknown, or not
+        pending and ended otherwise (any other commit of an ended turn writes nothing);
+        LeaseLost if ``lease`` is given and is no longer the session's, checked first. If
+        anything fails, nothing of the turn is written.
         """
 
     @abc.abstractmethod

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Final, get_args
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, NamedTuple, get_args
 
 import msgspec
 
 from agentd.budget import TurnStatus
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolResult, UserMessage
-from agentd.records import Discarded, SessionState
+from agentd.records import Discarded, SessionState, TurnRecord
 from agentd.store.base import StoreError
 
 __all__ = [
     "SESSION_STATES",
     "TURN_STATUSES",
+    "EntryRow",
     "check_message",
     "check_replica",
     "check_state",
@@ -30,6 +32,9 @@ __all__ = [
     "decode_models",
     "encode_json",
     "encode_message",
+    "ended_turn_columns",
+    "landed_commit_seqs",
+    "not_pending",
 ]
 
 SESSION_STATES: Final[frozenset[str]] = frozenset(get_args(SessionState))
@@ -120,3 +125,74 @@ def check_ttl(ttl: float, where: str) -> None:
     """StoreError unless ``ttl`` is a lease time a replica can hold: more than 0, at most a week."""
     if not isinstance(ttl, int | float) or not math.isfinite(ttl) or not 0 < ttl <= MAX_TTL:
         raise StoreError(f"{where}: a lease time must be more than 0 and at most {MAX_TTL:g} seconds, not {ttl!r}")
+
+
+# --------------------------------------------------------------------------- ending a turn
+
+
+def ended_turn_columns(record: TurnRecord, status: TurnStatus) -> dict[str, Any]:
+    """The columns of the turn's row that its commit sets, as stored, in the order the UPDATE names them.
+
+    One definition for both backends' commit and for recognising, on a retry, a commit that landed
+    (``landed_commit_seqs`` compares the stored row with these).
+    """
+    return {
+        "status": status.value,
+        "models": encode_json(record.models),
+        "steps": record.steps,
+        "restarts": record.restarts,
+        "discarded": encode_json(record.discarded),
+        "input_tokens": record.usage.input_tokens,
+        "output_tokens": record.usage.output_tokens,
+        "ended_at": record.ended_at,
+        "error": record.error,
+    }
+
+
+class EntryRow(NamedTuple):
+    """One stored transcript entry as ``landed_commit_seqs`` reads it: its seq, whether it is
+    active, the message in its stored form, and whether it is a turn's input (``begin_turn`` wrote it)."""
+
+    seq: int
+    active: bool
+    message: str
+    input: bool
+
+
+def landed_commit_seqs(
+    stored: Mapping[str, Any], columns: Mapping[str, Any], entries: Sequence[EntryRow], messages: Sequence[str]
+) -> tuple[int, ...] | None:
+    """The seqs an earlier commit of exactly these results wrote, or None if the turn ended otherwise.
+
+    A commit whose connection was lost while ``COMMIT`` was in flight may have landed; its retry
+    finds the turn no longer pending. It was this commit that ended the turn when the turn's row
+    (``stored``) holds what this commit writes (``columns``, from ``ended_turn_columns``) and the
+    session's entries from the first one this commit would have written (``entries``, in seq
+    order, at least one more than ``messages`` when there are more) are ``messages`` (their
+    stored form), consecutive and still active, followed by nothing or by the input of a later
+    turn: after a commit, the next entry any call writes is a later turn's input (``begin_turn``).
+    Anything else — another outcome (an abandon, a commit of other results), entries that differ
+    or were rewritten since — is None: the caller refuses as for any turn that is not pending.
+
+    The caller checks the fence first: a lease that is still the session's current one means no
+    other replica can have ended the turn meanwhile (a claim changes the token).
+    """
+    if any(stored[name] != value for name, value in columns.items()):
+        return None
+    count = len(messages)
+    written, after = entries[:count], entries[count : count + 1]
+    if len(written) != count:
+        return None
+    if not all(e.active and not e.input and e.message == text for e, text in zip(written, messages, strict=True)):
+        return None
+    if after and not after[0].input:  # the commit wrote more entries than these: other results
+        return None
+    seqs = tuple(entry.seq for entry in written)
+    if seqs and seqs != tuple(range(seqs[0], seqs[0] + count)):
+        return None
+    return seqs
+
+
+def not_pending(refusal: str, status: str) -> StoreError:
+    """The refusal of a write for a turn that has ended already."""
+    return StoreError(f"{refusal}: the turn is not pending (status {status})")

@@ -40,6 +40,7 @@ from psycopg import conninfo as pg_conninfo
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from agentd import events
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import Message, UserMessage
 from agentd.obs import get_logger
@@ -435,37 +436,27 @@ class PostgresStore(Store):
         for message in new_messages:
             codec.check_message(message, where)
 
-        async def op(conn: Conn) -> CommittedTurn:
-            turn = await _pending_turn_row(conn, session_id, record.id, f"cannot commit {where}", lease)
-            if transcript is not None:
-                await conn.execute("UPDATE entries SET active = false WHERE session = %s AND active", (session_id,))
-            seqs = await _insert_entries(conn, session_id, new_messages)
-            await conn.execute(
-                "UPDATE turns SET status = %s, models = %s, steps = %s, restarts = %s, discarded = %s,"
-                " input_tokens = %s, output_tokens = %s, ended_at = %s, error = %s WHERE n = %s",
-                (
-                    status.value,
-                    codec.encode_json(record.models),
-                    record.steps,
-                    record.restarts,
-                    codec.encode_json(record.discarded),
-                    record.usage.input_tokens,
-                    record.usage.output_tokens,
-                    record.ended_at,
-                    _text(record.error),
-                    turn["n"],
-                ),
-            )
-            await conn.execute(
-                "UPDATE sessions SET assistant = %s, updated_at = %s, model = COALESCE(%s, model),"
-                " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = %s",
-                (assistant, record.ended_at, model, session_id),
-            )
-            await _prune_journal(conn, session_id, record.id)
-            stored = msgspec.structs.replace(record, status=status, started_at=turn["started_at"])
-            return CommittedTurn(stored, tuple(seqs))
+        columns = codec.ended_turn_columns(record, status)
+        columns["error"] = _text(record.error)
+        refusal = f"cannot commit {where}"
 
-        return await self._write(f"commit {where}", op)
+        async def op(conn: Conn) -> tuple[CommittedTurn, bool]:
+            turn = await _fenced_turn_row(conn, session_id, record.id, refusal, lease)
+            rewrite = transcript is not None
+            if turn["status"] == PENDING:
+                seqs = await _write_commit(conn, session_id, turn, columns, new_messages, rewrite, assistant, model)
+            else:  # ended already: by this very commit, whose answer was lost with its connection?
+                landed = await _landed_commit(conn, session_id, turn, columns, new_messages, rewrite)
+                if landed is None:
+                    raise codec.not_pending(refusal, turn["status"])
+                seqs = landed
+            stored = msgspec.structs.replace(record, status=status, started_at=turn["started_at"])
+            return CommittedTurn(stored, seqs), turn["status"] != PENDING
+
+        committed, recovered = await self._write(f"commit {where}", op)
+        if recovered:
+            log.warning(events.LOG_TURN_COMMIT_RECOVERED, session=session_id, turn=record.id, seqs=list(committed.seqs))
+        return committed
 
     async def abandon_turn(
         self,
@@ -1091,9 +1082,9 @@ async def _prune_journal(conn: Conn, session_id: str, turn_id: str) -> None:
     await conn.execute("DELETE FROM journal WHERE session = %s AND turn = %s", (session_id, turn_id))
 
 
-async def _pending_turn_row(conn: Conn, session_id: str, turn_id: str, refusal: str, lease: Lease | None) -> Row:
-    """The turn's row if the session and turn exist, ``lease`` (if any) is current and the turn is
-    pending; else UnknownSession, LeaseLost or StoreError(``refusal``: why). Locks the session's row."""
+async def _fenced_turn_row(conn: Conn, session_id: str, turn_id: str, refusal: str, lease: Lease | None) -> Row:
+    """The turn's row, whatever its status, if the session and turn exist and ``lease`` (if any) is
+    current; else UnknownSession, LeaseLost or StoreError(``refusal``: why). Locks the session's row."""
     session = await _session_row(conn, session_id, lock=True)
     if session is None:
         raise UnknownSession(f"{refusal}: the session is unknown")
@@ -1101,9 +1092,77 @@ async def _pending_turn_row(conn: Conn, session_id: str, turn_id: str, refusal: 
     turn = await _turn_row(conn, session_id, turn_id)
     if turn is None:
         raise StoreError(f"{refusal}: no such turn")
-    if turn["status"] != PENDING:
-        raise StoreError(f"{refusal}: the turn is not pending (status {turn['status']})")
     return turn
+
+
+async def _pending_turn_row(conn: Conn, session_id: str, turn_id: str, refusal: str, lease: Lease | None) -> Row:
+    """``_fenced_turn_row``, and StoreError(``refusal``) unless the turn is pending."""
+    turn = await _fenced_turn_row(conn, session_id, turn_id, refusal, lease)
+    if turn["status"] != PENDING:
+        raise codec.not_pending(refusal, turn["status"])
+    return turn
+
+
+async def _write_commit(
+    conn: Conn,
+    session_id: str,
+    turn: Row,
+    columns: dict[str, Any],
+    messages: Sequence[Message],
+    rewrite: bool,
+    assistant: str,
+    model: str | None,
+) -> tuple[int, ...]:
+    """Write a pending turn's results in the caller's transaction: its entries (``rewrite``: as the
+    new active transcript), its row, its session's assistant, model and state; delete its journal."""
+    if rewrite:
+        await conn.execute("UPDATE entries SET active = false WHERE session = %s AND active", (session_id,))
+    seqs = await _insert_entries(conn, session_id, messages)
+    assignments = ", ".join(f"{name} = %s" for name in columns)
+    await conn.execute(f"UPDATE turns SET {assignments} WHERE n = %s", (*columns.values(), turn["n"]))
+    await conn.execute(
+        "UPDATE sessions SET assistant = %s, updated_at = %s, model = COALESCE(%s, model),"
+        " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = %s",
+        (assistant, columns["ended_at"], model, session_id),
+    )
+    await _prune_journal(conn, session_id, turn["id"])
+    return tuple(seqs)
+
+
+async def _landed_commit(
+    conn: Conn, session_id: str, turn: Row, columns: dict[str, Any], messages: Sequence[Message], rewrite: bool
+) -> tuple[int, ...] | None:
+    """The seqs an earlier commit of these very results wrote, or None if the turn ended otherwise
+    (``codec.landed_commit_seqs``). Reads only; the caller holds the session's row lock."""
+    first = await _first_commit_seq(conn, session_id, turn, rewrite)
+    rows = []
+    if first is not None:
+        rows = await _fetchall(
+            conn,
+            "SELECT e.seq, e.active, e.message, EXISTS (SELECT 1 FROM turns t WHERE t.session = e.session"
+            " AND t.message_seq = e.seq) AS input FROM entries e WHERE e.session = %s AND e.seq >= %s"
+            " ORDER BY e.seq LIMIT %s",
+            (session_id, first, len(messages) + 1),
+        )
+    entries = [codec.EntryRow(row["seq"], bool(row["active"]), row["message"], bool(row["input"])) for row in rows]
+    encoded = [codec.encode_message(message) for message in messages]
+    return codec.landed_commit_seqs(turn, columns, entries, encoded)
+
+
+async def _first_commit_seq(conn: Conn, session_id: str, turn: Row, rewrite: bool) -> int | None:
+    """Where the commit that ended ``turn`` started writing entries (None: no entry says where).
+
+    While a turn is pending nothing else writes the session's entries, so its commit wrote right
+    after its input message. An opener turn has none: its commit wrote the first entry tagged with
+    the turn or, when it rewrote the transcript, the first entry that is still active. A wrong
+    guess only makes ``codec.landed_commit_seqs`` find other entries, and refuse.
+    """
+    if turn["message_seq"] is not None:
+        return int(turn["message_seq"]) + 1
+    where = "active" if rewrite else "turn = %s"
+    params: tuple[Any, ...] = (session_id,) if rewrite else (session_id, turn["id"])
+    row = await _fetchone(conn, f"SELECT MIN(seq) AS first FROM entries WHERE session = %s AND {where}", params)
+    return None if row is None or row["first"] is None else int(row["first"])
 
 
 def _check_fence(session: Row, lease: Lease | None, refusal: str) -> None:

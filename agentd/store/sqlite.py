@@ -33,8 +33,10 @@ from typing import Any, Generic, TypeVar
 import anyio
 import msgspec
 
+from agentd import events
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import Message, UserMessage
+from agentd.obs import get_logger
 from agentd.records import PENDING, JournalEntry, SessionState, StartedTurn, TurnRecord
 from agentd.store import codec, migrations
 from agentd.store.base import (
@@ -53,6 +55,8 @@ from agentd.store.base import (
 __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
+
+log = get_logger("store")
 
 
 def _wrap(what: str, exc: BaseException) -> StoreError:
@@ -308,37 +312,26 @@ class SqliteStore(Store):
         for message in new_messages:
             codec.check_message(message, where)
 
-        def op(conn: sqlite3.Connection) -> CommittedTurn:
-            turn = _pending_turn_row(conn, session_id, record.id, f"cannot commit {where}", lease)
-            if transcript is not None:
-                conn.execute("UPDATE entries SET active = 0 WHERE session = ? AND active = 1", (session_id,))
-            seqs = _insert_entries(conn, session_id, new_messages)
-            conn.execute(
-                "UPDATE turns SET status = ?, models = ?, steps = ?, restarts = ?, discarded = ?,"
-                " input_tokens = ?, output_tokens = ?, ended_at = ?, error = ? WHERE n = ?",
-                (
-                    status.value,
-                    codec.encode_json(record.models),
-                    record.steps,
-                    record.restarts,
-                    codec.encode_json(record.discarded),
-                    record.usage.input_tokens,
-                    record.usage.output_tokens,
-                    record.ended_at,
-                    record.error,
-                    turn["n"],
-                ),
-            )
-            conn.execute(
-                "UPDATE sessions SET assistant = ?, updated_at = ?, model = COALESCE(?, model),"
-                " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = ?",
-                (assistant, record.ended_at, model, session_id),
-            )
-            _prune_journal(conn, session_id, record.id)
-            stored = msgspec.structs.replace(record, status=status, started_at=turn["started_at"])
-            return CommittedTurn(stored, tuple(seqs))
+        columns = codec.ended_turn_columns(record, status)
+        refusal = f"cannot commit {where}"
 
-        return await self._write(f"commit {where}", op)
+        def op(conn: sqlite3.Connection) -> tuple[CommittedTurn, bool]:
+            turn = _fenced_turn_row(conn, session_id, record.id, refusal, lease)
+            rewrite = transcript is not None
+            if turn["status"] == PENDING:
+                seqs = _write_commit(conn, session_id, turn, columns, new_messages, rewrite, assistant, model)
+            else:  # ended already: by this very commit, whose answer was lost with its connection?
+                landed = _landed_commit(conn, session_id, turn, columns, new_messages, rewrite)
+                if landed is None:
+                    raise codec.not_pending(refusal, turn["status"])
+                seqs = landed
+            stored = msgspec.structs.replace(record, status=status, started_at=turn["started_at"])
+            return CommittedTurn(stored, seqs), turn["status"] != PENDING
+
+        committed, recovered = await self._write(f"commit {where}", op)
+        if recovered:
+            log.warning(events.LOG_TURN_COMMIT_RECOVERED, session=session_id, turn=record.id, seqs=list(committed.seqs))
+        return committed
 
     async def abandon_turn(
         self,
@@ -869,11 +862,11 @@ def _turn_row(conn: sqlite3.Connection, session_id: str, turn_id: str) -> sqlite
     return row
 
 
-def _pending_turn_row(
+def _fenced_turn_row(
     conn: sqlite3.Connection, session_id: str, turn_id: str, refusal: str, lease: Lease | None
 ) -> sqlite3.Row:
-    """The turn's row if the session and turn exist, ``lease`` (if any) is current and the turn is
-    pending; else UnknownSession, LeaseLost or StoreError(``refusal``: why)."""
+    """The turn's row, whatever its status, if the session and turn exist and ``lease`` (if any) is
+    current; else UnknownSession, LeaseLost or StoreError(``refusal``: why)."""
     session = _session_row(conn, session_id)
     if session is None:
         raise UnknownSession(f"{refusal}: the session is unknown")
@@ -881,9 +874,84 @@ def _pending_turn_row(
     turn = _turn_row(conn, session_id, turn_id)
     if turn is None:
         raise StoreError(f"{refusal}: no such turn")
-    if turn["status"] != PENDING:
-        raise StoreError(f"{refusal}: the turn is not pending (status {turn['status']})")
     return turn
+
+
+def _pending_turn_row(
+    conn: sqlite3.Connection, session_id: str, turn_id: str, refusal: str, lease: Lease | None
+) -> sqlite3.Row:
+    """``_fenced_turn_row``, and StoreError(``refusal``) unless the turn is pending."""
+    turn = _fenced_turn_row(conn, session_id, turn_id, refusal, lease)
+    if turn["status"] != PENDING:
+        raise codec.not_pending(refusal, turn["status"])
+    return turn
+
+
+def _write_commit(
+    conn: sqlite3.Connection,
+    session_id: str,
+    turn: sqlite3.Row,
+    columns: dict[str, Any],
+    messages: Sequence[Message],
+    rewrite: bool,
+    assistant: str,
+    model: str | None,
+) -> tuple[int, ...]:
+    """Write a pending turn's results in the caller's transaction: its entries (``rewrite``: as the
+    new active transcript), its row, its session's assistant, model and state; delete its journal."""
+    if rewrite:
+        conn.execute("UPDATE entries SET active = 0 WHERE session = ? AND active = 1", (session_id,))
+    seqs = _insert_entries(conn, session_id, messages)
+    assignments = ", ".join(f"{name} = ?" for name in columns)
+    conn.execute(f"UPDATE turns SET {assignments} WHERE n = ?", (*columns.values(), turn["n"]))
+    conn.execute(
+        "UPDATE sessions SET assistant = ?, updated_at = ?, model = COALESCE(?, model),"
+        " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = ?",
+        (assistant, columns["ended_at"], model, session_id),
+    )
+    _prune_journal(conn, session_id, turn["id"])
+    return tuple(seqs)
+
+
+def _landed_commit(
+    conn: sqlite3.Connection,
+    session_id: str,
+    turn: sqlite3.Row,
+    columns: dict[str, Any],
+    messages: Sequence[Message],
+    rewrite: bool,
+) -> tuple[int, ...] | None:
+    """The seqs an earlier commit of these very results wrote, or None if the turn ended otherwise
+    (``codec.landed_commit_seqs``). Reads only."""
+    first = _first_commit_seq(conn, session_id, turn, rewrite)
+    rows: list[tuple[int, int, str, int]] = []
+    if first is not None:
+        rows = conn.execute(
+            "SELECT e.seq, e.active, e.message, EXISTS (SELECT 1 FROM turns t WHERE t.session = e.session"
+            " AND t.message_seq = e.seq) FROM entries e WHERE e.session = ? AND e.seq >= ?"
+            " ORDER BY e.seq LIMIT ?",
+            (session_id, first, len(messages) + 1),
+        ).fetchall()
+    entries = [codec.EntryRow(seq, bool(active), text, bool(is_input)) for seq, active, text, is_input in rows]
+    stored = {name: turn[name] for name in turn.keys()}  # noqa: SIM118 - a Row is not a Mapping
+    encoded = [codec.encode_message(message) for message in messages]
+    return codec.landed_commit_seqs(stored, columns, entries, encoded)
+
+
+def _first_commit_seq(conn: sqlite3.Connection, session_id: str, turn: sqlite3.Row, rewrite: bool) -> int | None:
+    """Where the commit that ended ``turn`` started writing entries (None: no entry says where).
+
+    While a turn is pending nothing else writes the session's entries, so its commit wrote right
+    after its input message. An opener turn has none: its commit wrote the first entry tagged with
+    the turn or, when it rewrote the transcript, the first entry that is still active. A wrong
+    guess only makes ``codec.landed_commit_seqs`` find other entries, and refuse.
+    """
+    if turn["message_seq"] is not None:
+        return int(turn["message_seq"]) + 1
+    where = "active = 1" if rewrite else "turn = ?"
+    params: tuple[Any, ...] = (session_id,) if rewrite else (session_id, turn["id"])
+    first = conn.execute(f"SELECT MIN(seq) FROM entries WHERE session = ? AND {where}", params).fetchone()[0]
+    return None if first is None else int(first)
 
 
 def _prune_journal(conn: sqlite3.Connection, session_id: str, turn_id: str) -> None:

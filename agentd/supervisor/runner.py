@@ -330,10 +330,15 @@ class TurnRunner:
     # ------------------------------------------------------------------ ending a turn
 
     async def end_without_result(
-        self, runtime: SessionRuntime, turn: PendingTurn, status: TurnStatus, error: str
+        self, runtime: SessionRuntime, turn: PendingTurn, status: TurnStatus, error: str, *, answered: bool = False
     ) -> None:
-        """End ``turn`` with no result from a child; its user message stays in the transcript."""
-        if turn.done.is_set() or runtime.pending is not turn:
+        """End ``turn`` with no result from a child; its user message stays in the transcript.
+
+        A turn whose waiter was answered already (``turn.done``) is left as it is — it ended, or was
+        cut to re-run later — unless ``answered`` says that answer was only the 503 of a commit
+        being retried: that turn has not ended and must end here, or its session stays busy.
+        """
+        if runtime.pending is not turn or turn.record is not None or (turn.done.is_set() and not answered):
             return
         now = time.time()
         with anyio.CancelScope(shield=True):
@@ -554,9 +559,12 @@ class TurnRunner:
 
         The waiting client is answered at the first failure (503 naming the turn) and readiness
         reports the store meanwhile; the session stays busy with this turn until it is committed,
-        then it is usable as before. A refusal that is not the database's fault ends the turn failed.
+        then it is usable as before. A refusal that is not the database's fault ends the turn failed,
+        on a retry too. A retry of a commit that had landed (its answer lost with the connection) is
+        not refused: the store recognises it and returns what it committed (RFC 0003 §3).
         """
         backoff = COMMIT_RETRY_START
+        retried = False  # the database failed before: the waiter was answered, the turn has not ended
         while True:
             try:
                 return await self.store.commit_turn(
@@ -581,13 +589,18 @@ class TurnRunner:
                     pending.cut = f"the store could not commit the turn ({exc}); it is retried and kept"
                     pending.cut_code = "store_full" if exc.full else "store_unavailable"
                     pending.mark_done()
+                retried = True
                 with anyio.move_on_after(backoff):
                     await self._stopped.wait()  # a stop ends the wait at once
                 backoff = min(backoff * 2, COMMIT_RETRY_MAX)
             except StoreError as exc:
                 log.error("turn.commit_refused", session=runtime.id, turn=done.record.id, error=str(exc))
                 await self.end_without_result(
-                    runtime, pending, TurnStatus.FAILED, f"the store refused the turn's results: {exc}"
+                    runtime,
+                    pending,
+                    TurnStatus.FAILED,
+                    f"the store refused the turn's results: {exc}",
+                    answered=retried,
                 )
                 return None
 
