@@ -277,6 +277,29 @@ def test_a_subscriber_that_joins_mid_turn_on_another_replica_gets_the_rest_of_it
         assert "step.done" in got and got[-1] == "turn.done", got
 
 
+def test_closing_a_session_on_a_replica_that_does_not_run_its_turn_cancels_the_turn(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    with replicas(tmp_path, pg, 2) as (started, _hold):
+        a, b = started
+        session = a.new_session("held")
+        turn = a.send(session, "hold this", wait=False)["turn_id"]  # a runs it; its model call waits
+        a.wait_log("session.loaded", lambda r: r.get("session") == session)
+        closed = b.json("DELETE", f"/v1/sessions/{session}", status=200)
+        assert closed["state"] == "closed"
+        record = b.turn(session, turn)  # the hold is never released: only a cancel ends it
+        assert record["status"] == "cancelled", record
+        assert answers(b, session, turn) == []
+        assert a.session(session)["state"] == "closed"
+
+        def refused_on_a() -> bool:  # a dropped what it held of the session: it is gone there too
+            response = a.api("POST", f"/v1/sessions/{session}/messages", {"content": "still there?"})
+            return response.status_code == 404
+
+        wait_until(refused_on_a, "the closed session to be gone on a")
+        a.wait_log("session.closed", lambda r: r.get("session") == session and r.get("elsewhere") is True)
+
+
 def test_a_cancel_whose_replica_died_is_kept_and_the_adopter_ends_the_turn_cancelled(
     tmp_path: Path, pg: PgServer
 ) -> None:

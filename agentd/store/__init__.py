@@ -15,6 +15,7 @@ from agentd.config import StoreSettings
 from agentd.redact import redact_database_url
 from agentd.store.base import (
     CANCELS,
+    CLOSES,
     EVENTS,
     NOTIFY_CHANNELS,
     ORPHANS,
@@ -36,6 +37,7 @@ from agentd.store.sqlite import SqliteStore
 
 __all__ = [
     "CANCELS",
+    "CLOSES",
     "EVENTS",
     "NOTIFY_CHANNELS",
     "ORPHANS",

@@ -41,6 +41,7 @@ from agentd.records import JournalEntry, SessionState, StartedTurn, TurnRecord
 
 __all__ = [
     "CANCELS",
+    "CLOSES",
     "EVENTS",
     "NOTIFY_CHANNELS",
     "ORPHANS",
@@ -62,13 +63,15 @@ __all__ = [
 #: Notification channels (PostgreSQL LISTEN/NOTIFY): a released session with a pending turn, a
 #: turn that ended (payload ``session turn replica``), a cancel asked of the replica running a
 #: turn, the sessions a replica has subscribers for, and the progress events relayed to them
-#: (``agentd.supervisor.relay``).
+#: (``agentd.supervisor.relay``), and a session closed (payload ``session``: other replicas drop
+#: what they hold of it).
 ORPHANS = "agentd_orphans"
 TURNS = "agentd_turns"
 CANCELS = "agentd_cancels"
 WATCHES = "agentd_watches"
 EVENTS = "agentd_events"
-NOTIFY_CHANNELS = (ORPHANS, TURNS, CANCELS, WATCHES, EVENTS)
+CLOSES = "agentd_closes"
+NOTIFY_CHANNELS = (ORPHANS, TURNS, CANCELS, WATCHES, EVENTS, CLOSES)
 
 
 class StoreError(Exception):

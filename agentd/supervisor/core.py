@@ -39,6 +39,7 @@ from agentd.protocol import Cancel, ChildEnv, Spawn, SwapIntel, Watch
 from agentd.records import SessionState, StartedTurn, TurnRecord
 from agentd.store import (
     CANCELS,
+    CLOSES,
     EVENTS,
     ORPHANS,
     TURNS,
@@ -342,6 +343,8 @@ class Supervisor:
             self._orphans_released.set()
         elif channel == TURNS and len(fields) == 3 and fields[2] != self.replica:
             await self._turn_ended_elsewhere(fields[0], fields[1])
+        elif channel == CLOSES and len(fields) == 1:
+            await self._closed_elsewhere(fields[0])
         elif channel == CANCELS and len(fields) == 2:
             runtime = self.sessions.get(fields[0])
             if runtime is not None and runtime.pending is not None and runtime.pending.id == fields[1]:
@@ -897,7 +900,7 @@ class Supervisor:
         was written (it was idle): it runs the current generation's model for its assistant.
         """
         runtime = self.sessions.get(stored.id)
-        if runtime is not None:
+        if runtime is not None and stored.state != "closed":  # closed is final, wherever it was closed
             return runtime.assistant, runtime.state, runtime.generation, runtime.model
         if stored.state == "closed":
             return stored.assistant, stored.state, stored.generation, stored.model
@@ -1054,16 +1057,47 @@ class Supervisor:
         runtime = await self._open_runtime(session_id)
         turn = runtime.pending
         if turn is None and self.shared_store:  # it may run on another replica: ask it to cancel
-            started = await self._store_or_503(self.store.pending_turn(session_id))
-            if started is not None:
-                # Kept in the store, so a holder that died meanwhile cannot lose it: whoever adopts
-                # the turn ends it cancelled; a live holder hears of it at once.
-                await self._store_or_503(self.store.request_cancel(session_id, started.id))
-                await self.store.notify(CANCELS, f"{session_id} {started.id}")
-                return started.id
+            elsewhere = await self._cancel_elsewhere(session_id)
+            if elsewhere is not None:
+                return elsewhere
         if turn is None:
             raise ApiError(409, "no_turn", f"session {session_id} has no turn running")
         return await self._cancel_here(runtime)
+
+    async def _cancel_elsewhere(self, session_id: str) -> str | None:
+        """Ask whichever replica runs the session's pending turn to cancel it; the turn's id, or
+        None when no turn is pending. Kept in the store, so a holder that died meanwhile cannot
+        lose it: whoever adopts the turn ends it cancelled; a live holder hears of it at once."""
+        started = await self._store_or_503(self.store.pending_turn(session_id))
+        if started is None:
+            return None
+        await self._store_or_503(self.store.request_cancel(session_id, started.id))
+        await self.store.notify(CANCELS, f"{session_id} {started.id}")
+        return started.id
+
+    async def _closed_elsewhere(self, session_id: str) -> None:
+        """Another replica closed the session: end its turn here (cancelled), unload it, end its streams."""
+        runtime = self.sessions.get(session_id)
+        if runtime is None or runtime.closing:
+            return
+        runtime.closing = True
+        turn = runtime.pending
+        if turn is not None:
+            await self._cancel_here(runtime)
+            assert self._tg is not None
+            self._tg.start_soon(self._forget_closed, runtime, turn)
+        else:
+            await self._forget_closed(runtime, None)
+
+    async def _forget_closed(self, runtime: SessionRuntime, turn: PendingTurn | None) -> None:
+        if turn is not None:
+            await turn.done.wait()
+        await self.pool.unload(runtime.id)
+        runtime.child, runtime.state = None, "closed"
+        runtime.close_subscribers()
+        if self.sessions.get(runtime.id) is runtime:
+            del self.sessions[runtime.id]
+        log.info("session.closed", session=runtime.id, elsewhere=True)
 
     async def _cancel_here(self, runtime: SessionRuntime) -> str:
         """Cancel the turn this replica runs for ``runtime``."""
@@ -1085,6 +1119,12 @@ class Supervisor:
             await self.runner.end_without_result(
                 runtime, runtime.pending, TurnStatus.CANCELLED, "the session was closed"
             )
+        elif self.shared_store:  # a turn another replica runs is cancelled there (the session stays closed)
+            try:
+                await self._cancel_elsewhere(session_id)
+            except ApiError:
+                runtime.closing = False
+                raise
         runtime.child = None
         try:
             await self.store.update_session(session_id, state="closed")
@@ -1099,6 +1139,8 @@ class Supervisor:
         runtime.state = "closed"
         runtime.close_subscribers()
         self.sessions.pop(session_id, None)
+        if self.shared_store:  # other replicas drop what they hold of it (a loaded copy, streams)
+            await self.store.notify(CLOSES, session_id)
         log.info("session.closed", session=session_id)
         return SessionSummary(
             id=session_id,
