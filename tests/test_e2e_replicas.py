@@ -264,6 +264,28 @@ def test_a_replica_started_after_the_subscriber_still_relays_to_it(tmp_path: Pat
             late.stop()
 
 
+def test_a_turn_that_ended_while_a_watcher_could_not_listen_still_reaches_its_stream(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    """The watching replica's listening connection is lost (its server process terminated while
+    the replica is paused) and a turn ends meanwhile: its notice is lost with the connection. Once
+    listening again the replica catches up from the store: the stream gets the turn's ``turn.done``."""
+    with replicas(tmp_path, pg, 2) as (started, _hold):
+        a, b = started
+        session = a.new_session("main")
+        stream = b.events(session)
+        b.signal(signal.SIGSTOP)
+        try:
+            pg.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'")
+            turn = a.send(session, "while b is away")["turn"]["id"]
+        finally:
+            b.signal(signal.SIGCONT)
+        done = stream.wait("turn.done", lambda data: data.get("turn") == turn)
+        assert done["status"] == "completed"
+        assert b.log_events("replica.listen_gap")
+        assert [data["turn"] for name, data in stream.seen if name == "turn.done"] == [turn]  # once
+
+
 def test_a_subscriber_that_joins_mid_turn_on_another_replica_gets_the_rest_of_it(tmp_path: Path, pg: PgServer) -> None:
     with replicas(tmp_path, pg, 2) as (started, hold):
         a, b = started

@@ -458,6 +458,11 @@ class Store(abc.ABC):
         """
         return None
 
+    def take_listen_gap(self) -> float | None:
+        """When (epoch seconds) the last gap in listening for notifications began, once this store
+        listens again; None if there was none since the last call. The default never has one."""
+        return None
+
     async def next_notification(self, seconds: float) -> tuple[str, str] | None:
         """Wait up to ``seconds`` for a notification on one of ``NOTIFY_CHANNELS``: (channel,
         payload), or None when none came. A release that leaves a pending turn behind notifies

@@ -80,6 +80,8 @@ Row: TypeAlias = DictRow
 POOL_SIZE = 10
 #: How long opening one connection may take (libpq ``connect_timeout``, unless the URL sets it).
 CONNECT_TIMEOUT = 5
+#: The first wait before listening again after the listening connection failed (then doubling).
+LISTEN_RETRY_START = 0.1
 #: How long a call waits for a free connection before the database counts as unavailable.
 POOL_TIMEOUT = 5.0
 #: The server ends a statement, and a transaction left idle, after this many seconds.
@@ -159,6 +161,12 @@ class PostgresStore(Store):
         self._secret = secret  # scrubbed from every error text
         self._listener: Conn | None = None  # LISTENs for released sessions with a pending turn
         self._notes: collections.deque[tuple[str, str]] = collections.deque()  # received, not yet returned
+        # Since when (epoch seconds) no connection has listened, after one broke; and a gap that
+        # ended, until the caller takes it (take_listen_gap).
+        self._deaf_since: float | None = None
+        self._heard_at: float | None = None  # when a wait on the listening connection last began well
+        self._gap: float | None = None
+        self._listen_retry = LISTEN_RETRY_START
         self.failure: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -733,10 +741,11 @@ class PostgresStore(Store):
                 listener = await self._listener_connection()
         except (psycopg.Error, StoreError, OSError) as exc:
             await self._drop_listener(exc)
-            await anyio.sleep(seconds)
+            await self._listen_backoff(seconds)
             return None
         if self._notes:
             return self._notes.popleft()
+        self._heard_at = time.time()  # a gap found later may have begun any time after this
         with anyio.move_on_after(seconds):
             try:
                 # Drained to the end, not left at the first: notifications that came in one packet
@@ -746,11 +755,25 @@ class PostgresStore(Store):
                 return self._notes.popleft() if self._notes else None
             except (psycopg.Error, StoreError, OSError) as exc:
                 await self._drop_listener(exc)
-            await anyio.sleep(seconds)
+            await self._listen_backoff(seconds)
         return None
+
+    def take_listen_gap(self) -> float | None:
+        """When (epoch seconds) the last gap in listening began, once listening again; None if
+        there was none since the last call. Notifications sent during a gap were missed."""
+        gap, self._gap = self._gap, None
+        return gap
+
+    async def _listen_backoff(self, seconds: float) -> None:
+        """After a failure, listen again soon (0.1 s doubling up to ``seconds``): what is notified
+        meanwhile is missed."""
+        delay, self._listen_retry = self._listen_retry, min(self._listen_retry * 2, seconds)
+        await anyio.sleep(min(delay, seconds))
 
     async def _drop_listener(self, exc: BaseException) -> None:
         log.debug("store.listen_failed", error=self._scrub(str(exc)))
+        if self._deaf_since is None:
+            self._deaf_since = self._heard_at if self._heard_at is not None else time.time()
         broken, self._listener = self._listener, None
         if broken is not None:
             with anyio.CancelScope(shield=True):
@@ -765,6 +788,10 @@ class PostgresStore(Store):
             for channel in NOTIFY_CHANNELS:
                 await conn.execute(f"LISTEN {channel}")
             self._listener = conn
+            self._listen_retry = LISTEN_RETRY_START
+            if self._deaf_since is not None:
+                self._gap = self._gap if self._gap is not None else self._deaf_since
+                self._deaf_since = None
         return self._listener
 
     # ------------------------------------------------------------------ the replica registry

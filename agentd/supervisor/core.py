@@ -101,6 +101,8 @@ SWAPPED_LIST_MAX = 100
 ACK_WAIT = 1.0
 #: How often a ``wait`` for a turn that another replica runs looks at the store (seconds).
 ELSEWHERE_POLL = 0.1
+#: How far apart the clocks of two replicas may be, when a catch-up asks which turns ended since a time.
+CLOCK_SLACK = 5.0
 
 
 class ApiError(Exception):
@@ -325,6 +327,12 @@ class Supervisor:
         """Act on what other replicas notify: orphans to scan for, turns that ended, cancels."""
         while True:
             note = await self.store.next_notification(scan_interval(self.lease_time))
+            gap = self.store.take_listen_gap()
+            if gap is not None:
+                try:
+                    await self._catch_up(gap)
+                except Exception:  # best effort, like the notifications it stands in for
+                    log.exception("replica.catch_up_failed", replica=self.replica)
             if note is None:
                 continue
             channel, payload = note
@@ -349,6 +357,48 @@ class Supervisor:
             runtime = self.sessions.get(fields[0])
             if runtime is not None and runtime.pending is not None and runtime.pending.id == fields[1]:
                 await self._cancel_here(runtime)
+
+    async def _catch_up(self, since: float) -> None:
+        """Listening again after a gap that began at ``since``: act on what was notified meanwhile
+        and is kept in the store — turns that ended (their ``turn.done`` to subscribers here),
+        cancels asked of turns running here, sessions closed."""
+        log.warning("replica.listen_gap", replica=self.replica, since=since)
+        # Only what a missed notice would change: streams here, and turns running here (a loaded,
+        # idle copy of a session closed elsewhere is refused by the store when it is used).
+        for runtime in [r for r in self.sessions.values() if r.pending is not None or r.watched]:
+            try:
+                stored = await self.store.session_summary(runtime.id)
+                if stored is None or stored.state == "closed":
+                    await self._closed_elsewhere(runtime.id)
+                    continue
+                turn = runtime.pending
+                if turn is not None:
+                    started = await self.store.pending_turn(runtime.id)
+                    if started is not None and started.id == turn.id and started.cancel_requested:
+                        await self._cancel_here(runtime)
+                elif runtime.watched:
+                    await self._publish_ended_since(runtime, since)
+            except StoreError as exc:
+                log.warning("replica.catch_up_failed", replica=self.replica, session=runtime.id, error=str(exc))
+
+    async def _publish_ended_since(self, runtime: SessionRuntime, since: float) -> None:
+        """Publish the ``turn.done`` of every turn of the session that ended since ``since`` (by the
+        clocks of the replicas that ran them, give or take ``CLOCK_SLACK``) and was not published here."""
+        stored = await self.store.load_session(runtime.id)
+        if stored is None:
+            return
+        for record in stored.turns:
+            if not isinstance(record, TurnRecord) or record.ended_at < since - CLOCK_SLACK:
+                continue
+            if record.id in runtime.done_published:
+                continue
+            entries = [
+                entry_from_message(e.seq, e.message)
+                for e in stored.transcript
+                if e.message.turn == record.id and not isinstance(e.message, UserMessage)
+            ]
+            runtime.publish(events.TURN_DONE, record.id, turn_done_event(record, entries))
+            runtime.done_published.append(record.id)
 
     def _relayed_event(self, payload: str) -> None:
         """A progress event of a turn another replica runs: published to this replica's subscribers."""
@@ -390,7 +440,9 @@ class Supervisor:
         found = await self._ended_turn(session_id, turn_id)
         if found is not None:
             record, entries = found
-            runtime.publish(events.TURN_DONE, turn_id, turn_done_event(record, entries))
+            if turn_id not in runtime.done_published:
+                runtime.publish(events.TURN_DONE, turn_id, turn_done_event(record, entries))
+                runtime.done_published.append(turn_id)
 
     async def _adopt_orphan(self, lease: Lease) -> None:
         """Run the pending turn of a session just claimed by the failover scan."""

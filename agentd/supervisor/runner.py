@@ -446,6 +446,7 @@ class TurnRunner:
         )
         if runtime.watched:
             runtime.publish(events.TURN_DONE, record.id, turn_done_event(record, turn.entries))
+            runtime.done_published.append(record.id)
         turn.mark_done()
         self._on_turn_finished()
         self.evict_if_cold(runtime)

@@ -9,6 +9,7 @@ the supervisor; the turn runner (``agentd.supervisor.runner``) acts on it.
 
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -114,6 +115,8 @@ class SessionRuntime:
         # Events that arrived after a TurnDone still being committed; published after its turn.done.
         self.backlog: list[tuple[str, str | None, dict[str, Any]]] | None = None
         self._subscribers: set[MemoryObjectSendStream[EventItem]] = set()
+        # The turns whose turn.done this replica published last (a catch-up never repeats one).
+        self.done_published: collections.deque[str] = collections.deque(maxlen=32)
 
     @property
     def running(self) -> bool:
