@@ -244,3 +244,53 @@ async def test_a_sigterm_from_before_the_loop_listened_stops_the_start_before_an
             api = daemon._Listeners(tmp_path, None, "")
             assert await daemon._open_store(SETTINGS, tmp_path, early, signals_from(receive), api, tg, deferred) is None
     assert fake.attempts == 0 and deferred == [signal.SIGHUP]
+
+
+async def test_an_attempt_that_takes_long_serves_the_wait_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: an attempt that neither opens nor fails for a while — a server that answers slowly or
+    not at all, a migration running or waiting for another replica's — must not keep the probes
+    unanswered until it ends (up to the migrations' bound). SQLite binds nothing early."""
+    monkeypatch.setattr(daemon, "STORE_SLOW_OPEN", 0.01)
+    released = anyio.Event()
+    answers: list[httpx.Response] = []
+
+    class SlowOpen(FakeOpen):
+        async def __call__(self, settings: StoreSettings, state_dir: Path, environ: Any) -> Store:
+            self.attempts += 1
+            await released.wait()
+            return self.store
+
+    fake = SlowOpen()
+    monkeypatch.setattr(daemon, "open_store", fake)
+    api = daemon._Listeners(tmp_path, None, "")
+
+    async def ask_the_socket() -> None:
+        with anyio.fail_after(10):
+            while not (tmp_path / daemon.SOCKET_FILE).exists():
+                await anyio.sleep(0.01)
+            transport = httpx.AsyncHTTPTransport(uds=str(tmp_path / daemon.SOCKET_FILE))
+            async with httpx.AsyncClient(transport=transport, base_url="http://agentd") as client:
+                answers.extend([await client.get("/v1/health"), await client.get("/v1/ready")])
+        released.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask_the_socket)
+            assert await daemon._open_patiently(SETTINGS, tmp_path, api, tg) is fake.store
+            await api.stop()
+            tg.cancel_scope.cancel()
+    finally:
+        api.close()
+    assert fake.attempts == 1
+    health, ready = answers
+    assert health.status_code == 200
+    assert ready.status_code == 503 and ready.json()["reasons"] == [f"waiting for the store: opening {LOCATION}"]
+
+    released = anyio.Event()
+    released.set()
+    sqlite = daemon._Listeners(tmp_path, None, "")
+    async with anyio.create_task_group() as tg:
+        assert await daemon._open_patiently(StoreSettings(), tmp_path, sqlite, tg) is fake.store
+    assert not sqlite.bound

@@ -24,7 +24,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -58,6 +58,8 @@ SERVER_EXIT_GRACE = 3.0
 #: next one after twice as long as the one before, up to ``STORE_RETRY_MAX``.
 STORE_RETRY_FIRST = 0.5
 STORE_RETRY_MAX = 10.0
+#: A PostgreSQL store still opening after this many seconds has the listeners serve the waiting app.
+STORE_SLOW_OPEN = 1.0
 
 log = get_logger("supervisor")
 
@@ -461,18 +463,22 @@ async def _open_patiently(settings: StoreSettings, state_dir: Path, api: _Listen
     waiting_for = ["starting"]  # what the waiting app answers with: the newest failure
     began = time.monotonic()
     attempt = 0
+
+    def serve_the_wait() -> None:
+        if not api.bound:
+            api.bind()
+            api.serve(build_waiting_app(lambda: waiting_for[0]), tg)
+
     while True:
         attempt += 1
         try:
-            store = await open_store(settings, state_dir, os.environ)
+            store = await _attempt_open(settings, state_dir, location, serve_the_wait, waiting_for)
         except StoreUnavailable as exc:
             delay = store_retry_delay(attempt)
             waiting_for[0] = f"waiting for the store: {exc}"
             log.warning(events.LOG_STORE_WAITING, store=location, error=str(exc), attempt=attempt, retry_in=delay)
             notify(f"STATUS={waiting_for[0]}")
-            if attempt == 1:
-                api.bind()
-                api.serve(build_waiting_app(lambda: waiting_for[0]), tg)
+            serve_the_wait()
             await anyio.sleep(delay)
             continue
         if attempt > 1:
@@ -480,6 +486,52 @@ async def _open_patiently(settings: StoreSettings, state_dir: Path, api: _Listen
             waited = round(time.monotonic() - began, 3)
             log.info(events.LOG_STORE_OPENED, store=location, attempts=attempt, waited=waited)
         return store
+
+
+async def _attempt_open(
+    settings: StoreSettings,
+    state_dir: Path,
+    location: str,
+    serve_the_wait: Callable[[], None],
+    waiting_for: list[str],
+) -> Store:
+    """One ``open_store``. A PostgreSQL one still under way after ``STORE_SLOW_OPEN`` seconds — the
+    server answers slowly or not at all, a migration runs or waits for another replica's — has the
+    listeners serve the waiting app from then on: the probes must not wait for it (up to
+    ``CONNECT_TIMEOUT`` for a silent server, the migrations' bound for a migration). OSError when a
+    listener cannot be bound (the attempt is then given up)."""
+    if not settings.url:  # SQLite: opened at once or refused for good; nothing is bound early
+        return await open_store(settings, state_dir, os.environ)
+    unbindable: list[OSError] = []
+    opened: list[Store] = []
+    failed: list[StoreError] = []  # raised after the task group: not wrapped in an exception group
+    async with anyio.create_task_group() as attempt:
+
+        async def serve_if_slow() -> None:
+            await anyio.sleep(STORE_SLOW_OPEN)
+            if waiting_for[0] == "starting":
+                waiting_for[0] = f"waiting for the store: opening {location}"
+            notify(f"STATUS={waiting_for[0]}")
+            try:
+                serve_the_wait()
+            except OSError as exc:
+                unbindable.append(exc)
+                attempt.cancel_scope.cancel()
+
+        attempt.start_soon(serve_if_slow)
+        try:
+            opened.append(await open_store(settings, state_dir, os.environ))
+        except StoreError as exc:
+            failed.append(exc)
+        attempt.cancel_scope.cancel()
+    if unbindable:
+        for store in opened:  # it opened just as the bind failed
+            with anyio.CancelScope(shield=True):
+                await store.close()
+        raise unbindable[0]
+    if failed:
+        raise failed[0]
+    return opened[0]
 
 
 async def _handle_signals(
