@@ -308,3 +308,27 @@ def test_a_first_open_that_takes_long_still_answers_the_probes(tmp_path: Path, p
             assert daemon.wait_exit() == 0
         finally:
             daemon.stop()
+
+
+def test_a_message_whose_begin_answer_was_lost_is_not_answered_nothing_was_stored(tmp_path: Path, pg: PgServer) -> None:
+    """Review: the connection is lost once the server committed ``begin_turn`` (the message stored,
+    its turn pending) and before the daemon heard. Before the fix the client was told 503 "nothing
+    was stored" — yet the turn was stored, and the failover scan (the session has no owner) ran it;
+    a client that believed the answer and sent the message again had it stored and answered twice.
+    Now the daemon asks the store whether its turn is there, and runs it as accepted."""
+    with pg.database() as url, pg_proxy.proxy_in_thread(url) as proxy:
+        top = f'[store]\nurl = "{proxy.url(url)}"\nlease = "10s"\n'
+        with running_daemon(tmp_path, two_assistant_config(tmp_path / "hold", top=top)) as daemon:
+            session = daemon.new_session("main")
+            proxy.arm("INSERT INTO turns (session, id, status", pg_proxy.Cut.AFTER_REPLY)
+            answer = daemon.api("POST", f"/v1/sessions/{session}/messages", {"content": "hello there", "wait": True})
+            assert proxy.cut.is_set()
+            reply = f"[{MODEL}] You said: hello there"
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["turn"]["status"] == "completed"
+            assert [m["content"] for m in answer.json()["messages"]] == [reply]
+            transcript = [(e["role"], e["content"]) for e in daemon.session(session)["transcript"]]
+            assert transcript.count(("user", "hello there")) == 1
+            assert len(daemon.session(session)["turns"]) == 1
+            [recovered] = daemon.log_events("turn.begin_recovered")
+            assert recovered["session"] == session

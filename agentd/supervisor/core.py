@@ -980,8 +980,9 @@ class Supervisor:
             try:
                 await self.store.begin_turn(runtime.id, turn.id, message, turn.started_at, durable=durable)
             except StoreUnavailable as exc:
-                runtime.pending, runtime.state = None, "idle"
-                raise _store_error(exc) from None
+                if not await self._begun_after_all(runtime, turn, exc):
+                    runtime.pending, runtime.state = None, "idle"
+                    raise _store_error(exc) from None
             except StoreError as exc:
                 runtime.pending, runtime.state = None, "idle"
                 raise ApiError(409, "turn_refused", str(exc)) from None
@@ -995,6 +996,36 @@ class Supervisor:
                 return turn
         self.runner.start(runtime, turn)
         return turn
+
+    async def _begun_after_all(self, runtime: SessionRuntime, turn: PendingTurn, failure: StoreUnavailable) -> bool:
+        """Whether a ``begin_turn`` that failed because of the database stored the turn after all.
+
+        On PostgreSQL the connection can be lost while ``COMMIT`` is in flight, after the server
+        committed (RFC 0003 §3): the message is then stored and its turn pending — and would run,
+        taken by a failover scan, while the client was told nothing was stored. So the store is
+        asked: True when the turn is there (it goes on as accepted, ``turn.begin_recovered``);
+        False when it is not (nothing was stored). When the store cannot say either, the client is
+        answered 503 naming the turn, which may have been stored (and then runs, once). SQLite,
+        in-process, does not lose a commit's answer this way: False at once.
+        """
+        if not self.shared_store:
+            return False
+        try:
+            pending = await self.store.pending_turn(runtime.id)
+        except StoreError as exc:
+            runtime.pending, runtime.state = None, "idle"
+            log.warning("turn.begin_unknown", session=runtime.id, turn=turn.id, error=str(exc))
+            raise ApiError(
+                503,
+                "store_unavailable",
+                f"the store failed while storing the message, and may have stored it as turn {turn.id}"
+                f" (then it runs, once; GET the session to see): {failure}",
+                turn=turn.id,
+            ) from None
+        if pending is None or pending.id != turn.id:
+            return False
+        log.warning(events.LOG_TURN_BEGIN_RECOVERED, session=runtime.id, turn=turn.id, error=str(failure))
+        return True
 
     async def _wait_elsewhere(self, session_id: str, turn_id: str) -> MessageResult:
         """``wait`` for a turn another replica runs: poll the store until the turn has ended there."""
