@@ -332,3 +332,20 @@ def test_a_message_whose_begin_answer_was_lost_is_not_answered_nothing_was_store
             assert len(daemon.session(session)["turns"]) == 1
             [recovered] = daemon.log_events("turn.begin_recovered")
             assert recovered["session"] == session
+
+
+def test_a_database_lost_just_after_the_open_is_waited_for_not_an_exit_1(tmp_path: Path, pg: PgServer) -> None:
+    """Review: the store opens (migrated, pool up) and the connection is lost at the start's first
+    read (the sessions by assistant, for the config check) — a database restarting or failing over
+    just then. Before the fix that was exit 1 ("count sessions by assistant: …"), not the wait RFC
+    0009 §1 promises for a database that is not there yet."""
+    with pg.database() as url, pg_proxy.proxy_in_thread(url) as proxy:
+        top = f'[store]\nurl = "{proxy.url(url)}"\nlease = "10s"\n'
+        proxy.arm("SELECT assistant, COUNT(*)", pg_proxy.Cut.BEFORE_COMMIT)
+        with running_daemon(tmp_path, two_assistant_config(tmp_path / "hold", top=top)) as daemon:
+            daemon.wait_log("supervisor.started")
+            assert proxy.cut.is_set()
+            [waiting] = daemon.log_events("store.waiting")
+            assert "count sessions by assistant" in waiting["error"], waiting
+            wait_until(lambda: daemon.api("GET", "/v1/ready").status_code == 200, "the daemon to be ready")
+            assert daemon.send(daemon.new_session("main"), "hello")["turn"]["status"] == "completed"

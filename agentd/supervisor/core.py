@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -623,12 +623,18 @@ class Supervisor:
         )
         return result
 
-    async def orphaned_sessions(self, new: Config) -> list[ConfigIssue]:
-        """A new config must keep every assistant an open session is on (closing them is the operator's call)."""
+    async def orphaned_sessions(
+        self, new: Config, *, by_assistant: Mapping[str, int] | None = None
+    ) -> list[ConfigIssue]:
+        """A new config must keep every assistant an open session is on (closing them is the operator's call).
+
+        ``by_assistant``: the open sessions by assistant, read already (at start-up, while the
+        store was waited for); else read now.
+        """
         names = {a.name for a in new.assistants}
-        on = {
-            name: count for name, count in (await self.store.open_sessions_by_assistant()).items() if name not in names
-        }
+        if by_assistant is None:
+            by_assistant = await self.store.open_sessions_by_assistant()
+        on = {name: count for name, count in by_assistant.items() if name not in names}
         for runtime in self.sessions.values():  # a transfer in flight may have moved a session already
             if runtime.assistant not in names and not runtime.closing:
                 on.setdefault(runtime.assistant, 1)
