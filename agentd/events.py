@@ -62,6 +62,9 @@ LOG_TURN_DISCARDED: Final = "turn.discarded"
 # A commit found its turn ended by an earlier attempt of the same commit (its answer was lost with
 # the connection): the results are stored once, the turn ends as reported (RFC 0003 §3).
 LOG_TURN_COMMIT_RECOVERED: Final = "turn.commit_recovered"
+# A begin_turn that failed with the database had stored its turn after all (its answer was lost
+# with the connection, PostgreSQL): the turn goes on as accepted (RFC 0003 §3).
+LOG_TURN_BEGIN_RECOVERED: Final = "turn.begin_recovered"
 LOG_TOOL_REPLAYED: Final = "tool.replayed"
 LOG_CONFIG_RELOAD: Final = "config.reload"
 LOG_CONFIG_WATCH: Final = "config.watch"  # --watch-config saw the file change; a reload follows

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import httpx
 import psycopg
 import pytest
 
+from agentd.store import postgres
 from tests import pg_proxy
 from tests.daemon_harness import TIMEOUT, Daemon, free_port, running_daemon, two_assistant_config, wait_until
 from tests.pg_front import FrontMode, PgFront, database_name
@@ -173,7 +175,7 @@ def test_sigterm_while_waiting_for_the_database_exits_0_even_mid_connect(tmp_pat
     config = postgres_config(database.front_url(), tmp_path / "hold")
     daemon = Daemon(tmp_path, config, env={"AGENTD_STORE_PASSWORD": database.secret})
     try:
-        daemon.start()  # /v1/health answers once the first attempt has timed out
+        daemon.start()  # /v1/health answers once the first attempt has been under way for 1 s
         waiting_lines(daemon, "timeout")
         # The next attempt is under way: connected, waiting for the server's answer.
         wait_until(lambda: database.front.accepted >= 2, "the second connection attempt")
@@ -279,3 +281,71 @@ def test_a_retried_commit_the_store_refuses_ends_the_turn_failed_and_frees_the_s
             assert not daemon.log_events("turn.commit_recovered")
             again = daemon.send(session, "still there?")  # not 409 turn_running: the session is free
             assert again["turn"]["status"] == "completed"
+
+
+def test_a_first_open_that_takes_long_still_answers_the_probes(tmp_path: Path, pg: PgServer) -> None:
+    """Review: the first attempt to open the store can take long without failing — here it waits for
+    the migration lock another replica holds (a long migration), as it would for a server that
+    answers the connection and then hangs. The probes must answer meanwhile (RFC 0009 §1: a replica
+    that waits is alive); before the fix nothing was bound until the first attempt *failed*, so for
+    up to the migrations' bound (600 s) /v1/health was refused and a startup probe restarted the pod."""
+    with pg.database() as url, psycopg.connect(url, autocommit=True) as migrating:
+        migrating.execute("SELECT pg_advisory_lock(%s)", (postgres.MIGRATION_LOCK,))
+        daemon = Daemon(tmp_path, postgres_config(url, tmp_path / "hold"))
+        try:
+            started = time.monotonic()
+            daemon.start()  # waits for /v1/health
+            assert time.monotonic() - started < 10, "the probes waited for the migration lock"
+            not_ready = daemon.api("GET", "/v1/ready")
+            assert not_ready.status_code == 503
+            [reason] = not_ready.json()["reasons"]
+            assert reason.startswith("waiting for the store: "), reason
+            assert daemon.api("GET", "/v1/status").json()["error"]["code"] == "store_unavailable"
+            migrating.execute("SELECT pg_advisory_unlock(%s)", (postgres.MIGRATION_LOCK,))
+            daemon.wait_log("supervisor.started")
+            wait_until(lambda: daemon.api("GET", "/v1/ready").status_code == 200, "the daemon to be ready")
+            daemon.signal(signal.SIGTERM)
+            assert daemon.wait_exit() == 0
+        finally:
+            daemon.stop()
+
+
+def test_a_message_whose_begin_answer_was_lost_is_not_answered_nothing_was_stored(tmp_path: Path, pg: PgServer) -> None:
+    """Review: the connection is lost once the server committed ``begin_turn`` (the message stored,
+    its turn pending) and before the daemon heard. Before the fix the client was told 503 "nothing
+    was stored" — yet the turn was stored, and the failover scan (the session has no owner) ran it;
+    a client that believed the answer and sent the message again had it stored and answered twice.
+    Now the daemon asks the store whether its turn is there, and runs it as accepted."""
+    with pg.database() as url, pg_proxy.proxy_in_thread(url) as proxy:
+        top = f'[store]\nurl = "{proxy.url(url)}"\nlease = "10s"\n'
+        with running_daemon(tmp_path, two_assistant_config(tmp_path / "hold", top=top)) as daemon:
+            session = daemon.new_session("main")
+            proxy.arm("INSERT INTO turns (session, id, status", pg_proxy.Cut.AFTER_REPLY)
+            answer = daemon.api("POST", f"/v1/sessions/{session}/messages", {"content": "hello there", "wait": True})
+            assert proxy.cut.is_set()
+            reply = f"[{MODEL}] You said: hello there"
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["turn"]["status"] == "completed"
+            assert [m["content"] for m in answer.json()["messages"]] == [reply]
+            transcript = [(e["role"], e["content"]) for e in daemon.session(session)["transcript"]]
+            assert transcript.count(("user", "hello there")) == 1
+            assert len(daemon.session(session)["turns"]) == 1
+            [recovered] = daemon.log_events("turn.begin_recovered")
+            assert recovered["session"] == session
+
+
+def test_a_database_lost_just_after_the_open_is_waited_for_not_an_exit_1(tmp_path: Path, pg: PgServer) -> None:
+    """Review: the store opens (migrated, pool up) and the connection is lost at the start's first
+    read (the sessions by assistant, for the config check) — a database restarting or failing over
+    just then. Before the fix that was exit 1 ("count sessions by assistant: …"), not the wait RFC
+    0009 §1 promises for a database that is not there yet."""
+    with pg.database() as url, pg_proxy.proxy_in_thread(url) as proxy:
+        top = f'[store]\nurl = "{proxy.url(url)}"\nlease = "10s"\n'
+        proxy.arm("SELECT assistant, COUNT(*)", pg_proxy.Cut.BEFORE_COMMIT)
+        with running_daemon(tmp_path, two_assistant_config(tmp_path / "hold", top=top)) as daemon:
+            daemon.wait_log("supervisor.started")
+            assert proxy.cut.is_set()
+            [waiting] = daemon.log_events("store.waiting")
+            assert "count sessions by assistant" in waiting["error"], waiting
+            wait_until(lambda: daemon.api("GET", "/v1/ready").status_code == 200, "the daemon to be ready")
+            assert daemon.send(daemon.new_session("main"), "hello")["turn"]["status"] == "completed"

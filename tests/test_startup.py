@@ -244,3 +244,149 @@ async def test_a_sigterm_from_before_the_loop_listened_stops_the_start_before_an
             api = daemon._Listeners(tmp_path, None, "")
             assert await daemon._open_store(SETTINGS, tmp_path, early, signals_from(receive), api, tg, deferred) is None
     assert fake.attempts == 0 and deferred == [signal.SIGHUP]
+
+
+async def test_an_attempt_that_takes_long_serves_the_wait_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: an attempt that neither opens nor fails for a while — a server that answers slowly or
+    not at all, a migration running or waiting for another replica's — must not keep the probes
+    unanswered until it ends (up to the migrations' bound). SQLite binds nothing early."""
+    monkeypatch.setattr(daemon, "STORE_SLOW_OPEN", 0.01)
+    released = anyio.Event()
+    answers: list[httpx.Response] = []
+
+    class SlowOpen(FakeOpen):
+        async def __call__(self, settings: StoreSettings, state_dir: Path, environ: Any) -> Store:
+            self.attempts += 1
+            await released.wait()
+            return self.store
+
+    fake = SlowOpen()
+    monkeypatch.setattr(daemon, "open_store", fake)
+    api = daemon._Listeners(tmp_path, None, "")
+
+    async def ask_the_socket() -> None:
+        with anyio.fail_after(10):
+            while not (tmp_path / daemon.SOCKET_FILE).exists():
+                await anyio.sleep(0.01)
+            transport = httpx.AsyncHTTPTransport(uds=str(tmp_path / daemon.SOCKET_FILE))
+            async with httpx.AsyncClient(transport=transport, base_url="http://agentd") as client:
+                answers.extend([await client.get("/v1/health"), await client.get("/v1/ready")])
+        released.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask_the_socket)
+            assert await daemon._open_patiently(SETTINGS, tmp_path, api, tg) is fake.store
+            await api.stop()
+            tg.cancel_scope.cancel()
+    finally:
+        api.close()
+    assert fake.attempts == 1
+    health, ready = answers
+    assert health.status_code == 200
+    assert ready.status_code == 503 and ready.json()["reasons"] == [f"waiting for the store: opening {LOCATION}"]
+
+    released = anyio.Event()
+    released.set()
+    sqlite = daemon._Listeners(tmp_path, None, "")
+    async with anyio.create_task_group() as tg:
+        assert await daemon._open_patiently(StoreSettings(), tmp_path, sqlite, tg) is fake.store
+    assert not sqlite.bound
+
+
+class ClosableStore:
+    """A store whose first read fails as ``reads`` says (an error, or None: it answers), and that counts its closes."""
+
+    def __init__(self, *reads: StoreError | None, block: bool = False) -> None:
+        self.reads, self.block, self.closed = list(reads), block, 0
+
+    async def open_sessions_by_assistant(self) -> dict[str, int]:
+        if self.block:
+            await anyio.sleep_forever()
+        failure = self.reads.pop(0) if self.reads else None
+        if failure is not None:
+            raise failure
+        return {"main": 2}
+
+    async def close(self) -> None:
+        self.closed += 1
+
+
+async def test_a_store_lost_at_the_first_read_is_closed_and_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: the store opens and the start's first read fails because the database went away just
+    then: that attempt failed (the store closed), the wait goes on — it is not an exit 1."""
+    monkeypatch.setattr(daemon, "STORE_RETRY_FIRST", 0.01)
+    lost, kept = (
+        ClosableStore(StoreUnavailable("count sessions by assistant: server closed the connection")),
+        ClosableStore(),
+    )
+    stores = [lost, kept]
+    counts: list[dict[str, int]] = []
+
+    async def fake_open(settings: StoreSettings, state_dir: Path, environ: Any) -> Store:
+        return cast(Store, stores.pop(0))
+
+    async def first_read(store: Store) -> None:
+        counts.append(await store.open_sessions_by_assistant())
+
+    monkeypatch.setattr(daemon, "open_store", fake_open)
+    api = daemon._Listeners(tmp_path, None, "")
+    try:
+        with capture_logs() as logs:
+            async with anyio.create_task_group() as tg:
+                assert await daemon._open_patiently(SETTINGS, tmp_path, api, tg, first_read) is kept
+                await api.stop()
+                tg.cancel_scope.cancel()
+    finally:
+        api.close()
+    assert (lost.closed, kept.closed) == (1, 0) and counts == [{"main": 2}]
+    [waiting] = logged(logs, events.LOG_STORE_WAITING)
+    assert (
+        waiting["error"]
+        == f"cannot open the store {LOCATION}: count sessions by assistant: server closed the connection"
+    )
+
+    refused = ClosableStore(StoreError("count sessions by assistant: permission denied"))
+    stores[:] = [refused]
+    async with anyio.create_task_group() as tg:
+        with pytest.raises(StoreError, match="permission denied") as raised:
+            await daemon._open_patiently(SETTINGS, tmp_path, daemon._Listeners(tmp_path, None, ""), tg, first_read)
+    assert not isinstance(raised.value, StoreUnavailable) and refused.closed == 1
+
+
+async def test_a_sigterm_during_the_first_read_closes_the_store_it_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = ClosableStore(block=True)
+
+    async def fake_open(settings: StoreSettings, state_dir: Path, environ: Any) -> Store:
+        return cast(Store, held)
+
+    async def first_read(store: Store) -> None:
+        await store.open_sessions_by_assistant()
+
+    monkeypatch.setattr(daemon, "open_store", fake_open)
+    send, receive = anyio.create_memory_object_stream[int](1)
+    api = daemon._Listeners(tmp_path, None, "")
+    try:
+        with send, receive:
+            async with anyio.create_task_group() as tg:
+
+                async def stop_soon() -> None:
+                    await anyio.sleep(0.05)
+                    await send.send(signal.SIGTERM)
+
+                tg.start_soon(stop_soon)
+                with anyio.fail_after(10):
+                    opened = await daemon._open_store(
+                        SETTINGS, tmp_path, [], signals_from(receive), api, tg, [], first_read
+                    )
+                await api.stop()
+                tg.cancel_scope.cancel()
+    finally:
+        api.close()
+    assert opened is None and held.closed == 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -678,12 +678,18 @@ class Supervisor:
         )
         return result
 
-    async def orphaned_sessions(self, new: Config) -> list[ConfigIssue]:
-        """A new config must keep every assistant an open session is on (closing them is the operator's call)."""
+    async def orphaned_sessions(
+        self, new: Config, *, by_assistant: Mapping[str, int] | None = None
+    ) -> list[ConfigIssue]:
+        """A new config must keep every assistant an open session is on (closing them is the operator's call).
+
+        ``by_assistant``: the open sessions by assistant, read already (at start-up, while the
+        store was waited for); else read now.
+        """
         names = {a.name for a in new.assistants}
-        on = {
-            name: count for name, count in (await self.store.open_sessions_by_assistant()).items() if name not in names
-        }
+        if by_assistant is None:
+            by_assistant = await self.store.open_sessions_by_assistant()
+        on = {name: count for name, count in by_assistant.items() if name not in names}
         for runtime in self.sessions.values():  # a transfer in flight may have moved a session already
             if runtime.assistant not in names and not runtime.closing:
                 on.setdefault(runtime.assistant, 1)
@@ -1035,8 +1041,9 @@ class Supervisor:
             try:
                 await self.store.begin_turn(runtime.id, turn.id, message, turn.started_at, durable=durable)
             except StoreUnavailable as exc:
-                runtime.pending, runtime.state = None, "idle"
-                raise _store_error(exc) from None
+                if not await self._begun_after_all(runtime, turn, exc):
+                    runtime.pending, runtime.state = None, "idle"
+                    raise _store_error(exc) from None
             except StoreError as exc:
                 runtime.pending, runtime.state = None, "idle"
                 raise ApiError(409, "turn_refused", str(exc)) from None
@@ -1050,6 +1057,36 @@ class Supervisor:
                 return turn
         self.runner.start(runtime, turn)
         return turn
+
+    async def _begun_after_all(self, runtime: SessionRuntime, turn: PendingTurn, failure: StoreUnavailable) -> bool:
+        """Whether a ``begin_turn`` that failed because of the database stored the turn after all.
+
+        On PostgreSQL the connection can be lost while ``COMMIT`` is in flight, after the server
+        committed (RFC 0003 §3): the message is then stored and its turn pending — and would run,
+        taken by a failover scan, while the client was told nothing was stored. So the store is
+        asked: True when the turn is there (it goes on as accepted, ``turn.begin_recovered``);
+        False when it is not (nothing was stored). When the store cannot say either, the client is
+        answered 503 naming the turn, which may have been stored (and then runs, once). SQLite,
+        in-process, does not lose a commit's answer this way: False at once.
+        """
+        if not self.shared_store:
+            return False
+        try:
+            pending = await self.store.pending_turn(runtime.id)
+        except StoreError as exc:
+            runtime.pending, runtime.state = None, "idle"
+            log.warning("turn.begin_unknown", session=runtime.id, turn=turn.id, error=str(exc))
+            raise ApiError(
+                503,
+                "store_unavailable",
+                f"the store failed while storing the message, and may have stored it as turn {turn.id}"
+                f" (then it runs, once; GET the session to see): {failure}",
+                turn=turn.id,
+            ) from None
+        if pending is None or pending.id != turn.id:
+            return False
+        log.warning(events.LOG_TURN_BEGIN_RECOVERED, session=runtime.id, turn=turn.id, error=str(failure))
+        return True
 
     async def _wait_elsewhere(self, session_id: str, turn_id: str) -> MessageResult:
         """``wait`` for a turn another replica runs: poll the store until the turn has ended there."""

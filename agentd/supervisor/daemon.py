@@ -24,7 +24,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -58,6 +58,8 @@ SERVER_EXIT_GRACE = 3.0
 #: next one after twice as long as the one before, up to ``STORE_RETRY_MAX``.
 STORE_RETRY_FIRST = 0.5
 STORE_RETRY_MAX = 10.0
+#: A PostgreSQL store still opening after this many seconds has the listeners serve the waiting app.
+STORE_SLOW_OPEN = 1.0
 
 log = get_logger("supervisor")
 
@@ -347,8 +349,13 @@ async def _run(
     # The file's mtime as it was read: an edit made while the store is waited for is reloaded once serving.
     config_seen = (mtime, await mtime()) if mtime is not None else None
     deferred: list[int] = []  # SIGHUPs before the daemon serves: replayed as reloads then
+    counts: list[dict[str, int]] = []  # the start's first read, made while the store is waited for
+
+    async def first_read(store: Store) -> None:
+        counts.append(await store.open_sessions_by_assistant())
+
     try:
-        store = await _open_store(config.store, state_dir, early.received, signals, api, tg, deferred)
+        store = await _open_store(config.store, state_dir, early.received, signals, api, tg, deferred, first_read)
     except StoreError as exc:  # "cannot open the store <where>: <reason>": the operator's to fix, no traceback
         return _fail(str(exc), EXIT_RUNTIME), False
     except OSError as exc:  # a listener for the wait cannot be bound
@@ -359,7 +366,7 @@ async def _run(
     supervisor = Supervisor(options, config, policy, store)
     # The file may have been edited while the daemon was stopped: the reload rule holds at start too.
     try:
-        orphaned = await supervisor.orphaned_sessions(config)
+        orphaned = await supervisor.orphaned_sessions(config, by_assistant=counts[-1] if counts else None)
     except StoreError as exc:
         return _fail(str(exc), EXIT_RUNTIME), False
     if orphaned:
@@ -396,6 +403,7 @@ async def _open_store(
     api: _Listeners,
     tg: anyio.abc.TaskGroup,
     deferred: list[int],
+    first_read: Callable[[Store], Awaitable[None]] | None = None,
 ) -> Store | None:
     """The store, opened — after waiting for it as long as it cannot be opened yet (RFC 0009 §1).
 
@@ -413,7 +421,7 @@ async def _open_store(
 
         async def open_then_stop_listening() -> None:
             try:
-                outcome.append(await _open_patiently(settings, state_dir, api, tg))
+                outcome.append(await _open_patiently(settings, state_dir, api, tg, first_read))
             except (StoreError, OSError) as exc:
                 outcome.append(exc)
             opening.cancel_scope.cancel()
@@ -449,8 +457,17 @@ def _before_serving(signum: int, deferred: list[int]) -> bool:
     return False
 
 
-async def _open_patiently(settings: StoreSettings, state_dir: Path, api: _Listeners, tg: anyio.abc.TaskGroup) -> Store:
+async def _open_patiently(
+    settings: StoreSettings,
+    state_dir: Path,
+    api: _Listeners,
+    tg: anyio.abc.TaskGroup,
+    first_read: Callable[[Store], Awaitable[None]] | None = None,
+) -> Store:
     """``open_store``, tried again while it raises StoreUnavailable, after ``store_retry_delay``.
+
+    ``first_read``, the start's first store call, is part of each PostgreSQL attempt: a database
+    lost just after it opened is waited for too, not an exit.
 
     Each failed attempt is one ``store.waiting`` line and a systemd ``STATUS=``; from the first,
     the listeners serve the waiting app (``/v1/health`` 200, ``/v1/ready`` 503 with the reason).
@@ -461,18 +478,22 @@ async def _open_patiently(settings: StoreSettings, state_dir: Path, api: _Listen
     waiting_for = ["starting"]  # what the waiting app answers with: the newest failure
     began = time.monotonic()
     attempt = 0
+
+    def serve_the_wait() -> None:
+        if not api.bound:
+            api.bind()
+            api.serve(build_waiting_app(lambda: waiting_for[0]), tg)
+
     while True:
         attempt += 1
         try:
-            store = await open_store(settings, state_dir, os.environ)
+            store = await _attempt_open(settings, state_dir, location, serve_the_wait, waiting_for, first_read)
         except StoreUnavailable as exc:
             delay = store_retry_delay(attempt)
             waiting_for[0] = f"waiting for the store: {exc}"
             log.warning(events.LOG_STORE_WAITING, store=location, error=str(exc), attempt=attempt, retry_in=delay)
             notify(f"STATUS={waiting_for[0]}")
-            if attempt == 1:
-                api.bind()
-                api.serve(build_waiting_app(lambda: waiting_for[0]), tg)
+            serve_the_wait()
             await anyio.sleep(delay)
             continue
         if attempt > 1:
@@ -480,6 +501,66 @@ async def _open_patiently(settings: StoreSettings, state_dir: Path, api: _Listen
             waited = round(time.monotonic() - began, 3)
             log.info(events.LOG_STORE_OPENED, store=location, attempts=attempt, waited=waited)
         return store
+
+
+async def _attempt_open(
+    settings: StoreSettings,
+    state_dir: Path,
+    location: str,
+    serve_the_wait: Callable[[], None],
+    waiting_for: list[str],
+    first_read: Callable[[Store], Awaitable[None]] | None = None,
+) -> Store:
+    """One ``open_store``. A PostgreSQL one still under way after ``STORE_SLOW_OPEN`` seconds — the
+    server answers slowly or not at all, a migration runs or waits for another replica's — has the
+    listeners serve the waiting app from then on: the probes must not wait for it (up to
+    ``CONNECT_TIMEOUT`` for a silent server, the migrations' bound for a migration). OSError when a
+    listener cannot be bound (the attempt is then given up)."""
+    if not settings.url:  # SQLite: opened at once or refused for good; nothing is bound early
+        return await open_store(settings, state_dir, os.environ)
+    unbindable: list[OSError] = []
+    opened: list[Store] = []
+    failed: list[StoreError] = []  # raised after the task group: not wrapped in an exception group
+    try:
+        async with anyio.create_task_group() as attempt:
+
+            async def serve_if_slow() -> None:
+                await anyio.sleep(STORE_SLOW_OPEN)
+                if waiting_for[0] == "starting":
+                    waiting_for[0] = f"waiting for the store: opening {location}"
+                notify(f"STATUS={waiting_for[0]}")
+                try:
+                    serve_the_wait()
+                except OSError as exc:
+                    unbindable.append(exc)
+                    attempt.cancel_scope.cancel()
+
+            attempt.start_soon(serve_if_slow)
+            try:
+                opened.append(await open_store(settings, state_dir, os.environ))
+                if first_read is not None:
+                    await first_read(opened[-1])
+            except StoreError as exc:
+                if opened:  # opened, then lost (or refused) at once: closed, and the attempt failed
+                    with anyio.CancelScope(shield=True):
+                        await opened.pop().close()
+                    kind = StoreUnavailable if isinstance(exc, StoreUnavailable) else StoreError
+                    exc = kind(f"cannot open the store {location}: {exc}")
+                failed.append(exc)
+            attempt.cancel_scope.cancel()
+    except BaseException:  # cancelled (SIGTERM) just as it opened: no pool left behind
+        for store in opened:
+            with anyio.CancelScope(shield=True):
+                await store.close()
+        raise
+    if unbindable:
+        for store in opened:  # it opened just as the bind failed
+            with anyio.CancelScope(shield=True):
+                await store.close()
+        raise unbindable[0]
+    if failed:
+        raise failed[0]
+    return opened[0]
 
 
 async def _handle_signals(
