@@ -455,6 +455,25 @@ async def test_begin_and_commit_a_turn(store: Store) -> None:
     assert (turn.started_at, turn.ended_at, turn.error) == (1500.0, 1600.0, None)
 
 
+async def test_an_ended_turn_is_read_alone_with_its_entries(store: Store) -> None:
+    await new_session(store)
+    await store.begin_turn("s1", "t1", UserMessage(content="hello"), started_at=1500.0)
+    assert await store.ended_turn("s1", "t1") is None  # pending
+    await commit(store, "s1", "t1", [reply("t1", "hi")], ended_at=1600.0)
+    await store.begin_turn("s1", "t2", UserMessage(content="again"), started_at=1700.0)
+    found = await store.ended_turn("s1", "t1")
+    assert found is not None
+    record, entries = found
+    session = await store.load_session("s1")
+    assert session is not None
+    assert record == session.turns[0]
+    assert entries == [e for e in session.transcript if e.message.turn == "t1"]
+    assert [type(e.message) for e in entries] == [UserMessage, AssistantMessage]
+    assert await store.ended_turn("s1", "t2") is None
+    assert await store.ended_turn("s1", "nope") is None
+    assert await store.ended_turn("ghost", "t1") is None
+
+
 async def test_commit_returns_the_record_as_stored(store: Store, backend: Backend) -> None:
     """What commit_turn returns is what load_session gives back: begin_turn's started_at, not the child's."""
     await new_session(store)

@@ -233,6 +233,11 @@ class Store(abc.ABC):
         """The session with its active transcript and all its turns, or None if unknown."""
 
     @abc.abstractmethod
+    async def ended_turn(self, session_id: str, turn_id: str) -> tuple[TurnRecord, list[StoredEntry]] | None:
+        """A turn that ended — its record and its active entries, in order — without reading the
+        rest of the transcript; None while it is pending, or if the session or turn is unknown."""
+
+    @abc.abstractmethod
     async def session_summary(self, session_id: str) -> StoredSession | None:
         """The session's row only (no transcript, no turns; ``turn_count`` 0), or None if unknown."""
 

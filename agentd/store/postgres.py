@@ -302,6 +302,21 @@ class PostgresStore(Store):
     async def load_session(self, session_id: str) -> StoredSession | None:
         return await self._read(f"load session {session_id}", lambda conn: _load_session(conn, session_id))
 
+    async def ended_turn(self, session_id: str, turn_id: str) -> tuple[TurnRecord, list[StoredEntry]] | None:
+        async def op(conn: Conn) -> tuple[TurnRecord, list[StoredEntry]] | None:
+            row = await _turn_row(conn, session_id, turn_id)
+            record = _turn_from_row(row) if row is not None else None
+            if not isinstance(record, TurnRecord):
+                return None
+            entries = await _fetchall(
+                conn,
+                "SELECT seq, message FROM entries WHERE session = %s AND turn = %s AND active ORDER BY seq",
+                (session_id, turn_id),
+            )
+            return record, [StoredEntry(e["seq"], codec.decode_message(e["message"])) for e in entries]
+
+        return await self._read(f"read turn {turn_id} of session {session_id}", op)
+
     async def session_summary(self, session_id: str) -> StoredSession | None:
         async def op(conn: Conn) -> StoredSession | None:
             row = await _session_row(conn, session_id)

@@ -186,6 +186,22 @@ class SqliteStore(Store):
     async def load_session(self, session_id: str) -> StoredSession | None:
         return await self._read(f"load session {session_id}", lambda conn: _load_session(conn, session_id))
 
+    async def ended_turn(self, session_id: str, turn_id: str) -> tuple[TurnRecord, list[StoredEntry]] | None:
+        def op(conn: sqlite3.Connection) -> tuple[TurnRecord, list[StoredEntry]] | None:
+            row = conn.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turns WHERE session = ? AND id = ?", (session_id, turn_id)
+            ).fetchone()
+            record = _turn_from_row(conn, row) if row is not None else None
+            if not isinstance(record, TurnRecord):
+                return None
+            entries = conn.execute(
+                "SELECT seq, message FROM entries WHERE session = ? AND turn = ? AND active = 1 ORDER BY seq",
+                (session_id, turn_id),
+            )
+            return record, [StoredEntry(seq, codec.decode_message(text)) for seq, text in entries]
+
+        return await self._read(f"read turn {turn_id} of session {session_id}", op)
+
     async def session_summary(self, session_id: str) -> StoredSession | None:
         def op(conn: sqlite3.Connection) -> StoredSession | None:
             row = _session_row(conn, session_id)

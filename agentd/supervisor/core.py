@@ -1107,16 +1107,11 @@ class Supervisor:
 
     async def _ended_turn(self, session_id: str, turn_id: str) -> tuple[TurnRecord, list[Entry]] | None:
         """A turn that ended, as committed (its record and the entries it added), or None if it has not."""
-        stored = await self.store.load_session(session_id)
-        record = next((t for t in stored.turns if t.id == turn_id), None) if stored is not None else None
-        if stored is None or not isinstance(record, TurnRecord):
+        found = await self.store.ended_turn(session_id, turn_id)
+        if found is None:
             return None
-        entries = [
-            entry_from_message(e.seq, e.message)
-            for e in stored.transcript
-            if e.message.turn == turn_id and not isinstance(e.message, UserMessage)
-        ]
-        return record, entries
+        record, stored = found
+        return record, [entry_from_message(e.seq, e.message) for e in stored if not isinstance(e.message, UserMessage)]
 
     def _turn_result(self, turn: PendingTurn) -> MessageResult:
         if turn.record is None:  # stopped without ending: the daemon is shutting down
