@@ -402,6 +402,8 @@ class Supervisor:
 
     def _relayed_event(self, payload: str) -> None:
         """A progress event of a turn another replica runs: published to this replica's subscribers."""
+        if payload.startswith(f"{self.replica} "):  # its own, echoed back: not even decoded
+            return
         missed = self._reassembler.missed
         event = self._reassembler.feed(payload)
         if self._reassembler.missed > missed:
