@@ -65,6 +65,7 @@ LOG_TURN_COMMIT_RECOVERED: Final = "turn.commit_recovered"
 # A begin_turn that failed with the database had stored its turn after all (its answer was lost
 # with the connection, PostgreSQL): the turn goes on as accepted (RFC 0003 §3).
 LOG_TURN_BEGIN_RECOVERED: Final = "turn.begin_recovered"
+LOG_SESSION_CREATE_RECOVERED: Final = "session.create_recovered"  # a create whose answer was lost had landed
 LOG_TOOL_REPLAYED: Final = "tool.replayed"
 LOG_CONFIG_RELOAD: Final = "config.reload"
 LOG_CONFIG_WATCH: Final = "config.watch"  # --watch-config saw the file change; a reload follows

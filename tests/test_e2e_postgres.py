@@ -334,6 +334,24 @@ def test_a_message_whose_begin_answer_was_lost_is_not_answered_nothing_was_store
             assert recovered["session"] == session
 
 
+def test_a_session_whose_create_answer_was_lost_is_answered_as_created_once(tmp_path: Path, pg: PgServer) -> None:
+    """The connection is lost once the server committed ``create_session`` and before the daemon
+    heard: the session exists, so the client gets it (201), not a 503 that would make it create a
+    second one."""
+    with pg.database() as url, pg_proxy.proxy_in_thread(url) as proxy:
+        top = f'[store]\nurl = "{proxy.url(url)}"\nlease = "10s"\n'
+        with running_daemon(tmp_path, two_assistant_config(tmp_path / "hold", top=top)) as daemon:
+            proxy.arm("INSERT INTO sessions (id, assistant", pg_proxy.Cut.AFTER_REPLY)
+            answer = daemon.api("POST", "/v1/sessions", {"assistant": "main"})
+            assert proxy.cut.is_set()
+            assert answer.status_code == 201, answer.text
+            session = answer.json()["id"]
+            [recovered] = daemon.log_events("session.create_recovered")
+            assert recovered["session"] == session
+            assert [s["id"] for s in daemon.json("GET", "/v1/sessions", status=200)] == [session]
+            assert daemon.send(session, "hello")["turn"]["status"] == "completed"
+
+
 def test_a_database_lost_just_after_the_open_is_waited_for_not_an_exit_1(tmp_path: Path, pg: PgServer) -> None:
     """Review: the store opens (migrated, pool up) and the connection is lost at the start's first
     read (the sessions by assistant, for the config check) — a database restarting or failing over

@@ -889,8 +889,8 @@ class Supervisor:
         plan = opener_plan(assistant, history)
         if plan.kind is OpenerKind.FIRST_MESSAGE:
             history.append(opener_message(plan, turn=None, model=model))
-        await self._store_or_503(
-            self.store.create_session(
+        try:
+            await self.store.create_session(
                 session_id,
                 assistant=name,
                 generation=self.generation,
@@ -898,7 +898,11 @@ class Supervisor:
                 created_at=time.time(),
                 transcript=history,
             )
-        )
+        except StoreUnavailable as exc:
+            if not await self._created_after_all(session_id, exc):
+                raise _store_error(exc) from None
+        except StoreError as exc:
+            raise _store_error(exc) from None
         log.info("session.created", session=session_id, assistant=name, model=model)
         if plan.kind is OpenerKind.GENERATED:
             runtime = self.sessions.setdefault(
@@ -1059,6 +1063,26 @@ class Supervisor:
                 return turn
         self.runner.start(runtime, turn)
         return turn
+
+    async def _created_after_all(self, session_id: str, failure: StoreUnavailable) -> bool:
+        """Whether a ``create_session`` that failed because of the database created it after all
+        (its answer lost with the connection while ``COMMIT`` was in flight, like ``begin_turn``
+        below): then it is answered as created (``session.create_recovered``) rather than 503, so
+        a client does not create a second one. 503 naming the session when the store cannot say."""
+        if not self.shared_store:
+            return False
+        try:
+            created = await self.store.session_summary(session_id) is not None
+        except StoreError as exc:
+            log.warning("session.create_unknown", session=session_id, error=str(exc))
+            raise ApiError(
+                503,
+                "store_unavailable",
+                f"the store failed while creating the session, and may have created it as {session_id}: {failure}",
+            ) from None
+        if created:
+            log.warning(events.LOG_SESSION_CREATE_RECOVERED, session=session_id, error=str(failure))
+        return created
 
     async def _begun_after_all(self, runtime: SessionRuntime, turn: PendingTurn, failure: StoreUnavailable) -> bool:
         """Whether a ``begin_turn`` that failed because of the database stored the turn after all.
