@@ -128,6 +128,7 @@ class _RecordingStore:
     def __init__(self) -> None:
         self.batches: list[list[tuple[str, str]]] = []
         self.fail = False
+        self.crash = False
         self.gate = anyio.Event()
 
     async def notify_many(self, notes: Sequence[tuple[str, str]]) -> str | None:
@@ -136,6 +137,9 @@ class _RecordingStore:
         if self.fail:
             self.fail = False
             return "the database is down"
+        if self.crash:
+            self.crash = False
+            raise RuntimeError("a bug in the store")
         return None
 
 
@@ -160,3 +164,19 @@ async def test_the_relay_sends_in_the_order_queued_and_flush_waits_for_it() -> N
     first, second = (Reassembler().feed(payload) for _, payload in sent[:2])
     assert first is not None and second is not None and (first.seq, second.seq) == (1, 2)
     assert sent[2:] == [(TURNS, "s1 t1 r1"), (TURNS, "s1 t2 r1")]
+
+
+@pytest.mark.anyio
+async def test_a_store_call_that_raises_does_not_end_the_relay() -> None:
+    store = _RecordingStore()
+    store.gate.set()
+    store.crash = True
+    relay = EventRelay(store, "r1")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        relay.send(TURNS, "s1 t1 r1")
+        assert await relay.flush(5.0)
+        relay.send(TURNS, "s1 t2 r1")
+        assert await relay.flush(5.0)
+        tg.cancel_scope.cancel()
+    assert [batch[0][1] for batch in store.batches] == ["s1 t1 r1", "s1 t2 r1"]

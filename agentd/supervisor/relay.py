@@ -289,7 +289,11 @@ class EventRelay:
             self._wake = anyio.Event()
             while self._queue:
                 batch = list(_take(self._queue, BATCH))
-                failure = await self.store.notify_many(batch)
+                try:
+                    failure = await self.store.notify_many(batch)
+                except Exception as exc:  # never the daemon's end: these are best effort
+                    log.exception("replica.relay_failed", replica=self.replica, lost=len(batch), error=str(exc))
+                    failure = None
                 if failure is not None:
                     log.warning("replica.relay_failed", replica=self.replica, lost=len(batch), error=failure)
                 self._sent += len(batch)
