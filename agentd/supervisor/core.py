@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -46,6 +46,7 @@ from agentd.store import (
     WATCHES,
     Lease,
     Store,
+    StoredEntry,
     StoredSession,
     StoreError,
     StoreUnavailable,
@@ -83,7 +84,6 @@ from agentd.views import (
     SessionView,
     StatusView,
     entry_from_message,
-    turn_done_event,
     turn_view,
 )
 
@@ -222,18 +222,20 @@ class Supervisor:
     async def _announce_watches(self) -> None:
         """Tell the other replicas, again, which sessions have subscribers here (in the store, for
         the replica that claims one next, and notified, for those running one now); forget
-        theirs that expired."""
+        theirs that expired. Nothing to tell, nothing written: this replica's rows went when its
+        last subscribers of each session did (and expired rows are ignored by readers)."""
         self.watchers.prune(time.monotonic())
         watched = [runtime.id for runtime in self.sessions.values() if runtime.watched]
+        if not watched:
+            return
         await self._store_quietly(self.store.watch(self.replica, watched, self.lease_time))
         for payload in encode_watch(self.replica, True, watched):
             self.relay.send(WATCHES, payload)
 
     def _note_watchers(self, lease: Lease) -> None:
         """The replicas watching a session this replica just claimed: its turn's events go there."""
-        if lease.watchers:
-            for replica in lease.watchers:
-                self.watchers.note(replica, [lease.session], time.monotonic())
+        for replica in lease.watchers:
+            self.watchers.note(replica, [lease.session], time.monotonic())
 
     async def _renew(self) -> None:
         """Extend every lease this replica holds; a session missing from the answer was taken over."""
@@ -342,12 +344,14 @@ class Supervisor:
                 log.exception("replica.notification_failed", channel=channel)
 
     async def _on_notification(self, channel: str, payload: str) -> None:
-        fields = payload.split() if channel not in (EVENTS, WATCHES) else []
-        if channel == EVENTS:
+        if channel == EVENTS:  # payloads of their own format (agentd.supervisor.relay)
             self._relayed_event(payload)
-        elif channel == WATCHES:
+            return
+        if channel == WATCHES:
             await self._watch_notice(payload)
-        elif channel == ORPHANS:
+            return
+        fields = payload.split()
+        if channel == ORPHANS:
             self._orphans_released.set()
         elif channel == TURNS and len(fields) == 3 and fields[2] != self.replica:
             await self._turn_ended_elsewhere(fields[0], fields[1])
@@ -390,15 +394,9 @@ class Supervisor:
         for record in stored.turns:
             if not isinstance(record, TurnRecord) or record.ended_at < since - CLOCK_SLACK:
                 continue
-            if record.id in runtime.done_published:
-                continue
-            entries = [
-                entry_from_message(e.seq, e.message)
-                for e in stored.transcript
-                if e.message.turn == record.id and not isinstance(e.message, UserMessage)
-            ]
-            runtime.publish(events.TURN_DONE, record.id, turn_done_event(record, entries))
-            runtime.done_published.append(record.id)
+            runtime.publish_turn_done(
+                record, _added_entries(e for e in stored.transcript if e.message.turn == record.id)
+            )
 
     def _relayed_event(self, payload: str) -> None:
         """A progress event of a turn another replica runs: published to this replica's subscribers."""
@@ -441,10 +439,7 @@ class Supervisor:
             return
         found = await self._ended_turn(session_id, turn_id)
         if found is not None:
-            record, entries = found
-            if turn_id not in runtime.done_published:
-                runtime.publish(events.TURN_DONE, turn_id, turn_done_event(record, entries))
-                runtime.done_published.append(turn_id)
+            runtime.publish_turn_done(*found)
 
     async def _adopt_orphan(self, lease: Lease) -> None:
         """Run the pending turn of a session just claimed by the failover scan."""
@@ -1137,7 +1132,7 @@ class Supervisor:
         if found is None:
             return None
         record, stored = found
-        return record, [entry_from_message(e.seq, e.message) for e in stored if not isinstance(e.message, UserMessage)]
+        return record, _added_entries(stored)
 
     def _turn_result(self, turn: PendingTurn) -> MessageResult:
         if turn.record is None:  # stopped without ending: the daemon is shutting down
@@ -1266,6 +1261,11 @@ class Supervisor:
             return await call
         except StoreError as exc:
             raise _store_error(exc) from None
+
+
+def _added_entries(stored: Iterable[StoredEntry]) -> list[Entry]:
+    """The entries a turn added, as the API shows them: its stored entries but its input."""
+    return [entry_from_message(e.seq, e.message) for e in stored if not isinstance(e.message, UserMessage)]
 
 
 def _store_error(exc: StoreError) -> ApiError:

@@ -50,7 +50,7 @@ from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.relay import EventRelay
 from agentd.supervisor.session import PendingTurn, SessionRuntime
-from agentd.views import entry_from_message, turn_done_event
+from agentd.views import entry_from_message
 
 __all__ = ["DEADLINE_GRACE", "Generation", "TurnRunner"]
 
@@ -445,8 +445,7 @@ class TurnRunner:
             steps=record.steps,
         )
         if runtime.watched:
-            runtime.publish(events.TURN_DONE, record.id, turn_done_event(record, turn.entries))
-            runtime.done_published.append(record.id)
+            runtime.publish_turn_done(record, turn.entries)
         turn.mark_done()
         self._on_turn_finished()
         self.evict_if_cold(runtime)

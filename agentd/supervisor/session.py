@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from agentd import events
 from agentd.messages import UserMessage
 from agentd.records import SessionState, TurnRecord
-from agentd.views import Entry
+from agentd.views import Entry, turn_done_event
 
 if TYPE_CHECKING:
     from agentd.store import Lease
@@ -153,6 +154,14 @@ class SessionRuntime:
             except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._subscribers.discard(subscriber)
                 subscriber.close()
+
+    def publish_turn_done(self, record: TurnRecord, entries: list[Entry]) -> None:
+        """Publish the turn's ``turn.done`` — once: a turn this replica heard of twice (its end
+        notice, and a catch-up after a gap in listening) is not told twice."""
+        if record.id in self.done_published:
+            return
+        self.publish(events.TURN_DONE, record.id, turn_done_event(record, entries))
+        self.done_published.append(record.id)
 
     def close_subscribers(self) -> None:
         """End every subscription (the session was closed or the daemon stops)."""
