@@ -88,3 +88,7 @@ LOG_SESSION_QUARANTINED: Final = "session.quarantined"  # its turns run on a chi
 LOG_STORE_WAITING: Final = "store.waiting"  # start-up: the store cannot be opened yet; tried again after retry_in
 LOG_STORE_OPENED: Final = "store.opened"  # start-up: the store opened after store.waiting
 LOG_SIGNAL: Final = "supervisor.signal"  # a signal and what the daemon does about it
+# --- replicas (RFC 0009 §7) ---------------------------------------------------------------------
+LOG_REPLICA_ID_IN_USE: Final = "replica.id_in_use"  # another live process bears this replica's id
+LOG_REPLICA_RIVAL: Final = "replica.rival"  # start-up: the registry has another holder of this id; is it alive?
+LOG_REPLICA_EVENTS_FENCED: Final = "replica.events_fenced"  # events of a run whose lease ran out, not relayed

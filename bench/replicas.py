@@ -12,7 +12,9 @@ socket, durability off — so the PostgreSQL figures leave out fsync, while SQLi
    another replica's ``session.adopted`` log line (the interrupted turn claimed and re-run there)
    and kill → the turn committed (seen in the store through the API). A is then started again as
    a new replica. The expected figure is between one lease and 1.5 leases: the lease must expire,
-   and the failover scan runs every half lease.
+   and the failover scan runs every half lease. Then one replica killed mid-turn and started again
+   under the same ``AGENTD_REPLICA_ID`` (a pod's container restart): its start → its adoption of
+   the interrupted turn, at most 1.5 leases (RFC 0009 §7).
 2. Turns/s: ``--clients`` threads, each on a session of its own, posting messages back to back
    (``wait: true``) for ``--seconds`` after a 1 s warm-up, on SQLite with 1 replica and on
    PostgreSQL with 1 and 3 replicas (the clients spread round-robin over the replicas, as a
@@ -121,6 +123,42 @@ def failover(pg: PgServer, tmp: Path, rounds: int, lease: str) -> None:
     print_table(f"Failover, 3 replicas, lease {lease} (seconds)", ["", "n", "p50", "p99", "max"], rows)
 
 
+def restart_in_place(pg: PgServer, tmp: Path, rounds: int, lease: str) -> None:
+    """One replica killed mid-turn and started again under the same id (a pod's container restart):
+    start of the new process → its ``session.adopted`` of the interrupted turn, and → committed."""
+    hold = tmp / "hold"
+    adopted_after: list[float] = []
+    committed_after: list[float] = []
+    with pg.database() as url:
+        text = config(hold, url, lease)
+        replica = start(tmp / "pod-0", text, "pod-0")
+        try:
+            for _ in range(rounds):
+                hold.unlink(missing_ok=True)
+                session = replica.new_session("held")
+                turn = replica.send(session, "hold this", wait=False)["turn_id"]
+                replica.wait_log("session.loaded", lambda r, s=session: r.get("session") == s)
+                kill(replica)
+                hold.touch()
+                replica = Daemon(replica.tmp, env={"AGENTD_REPLICA_ID": "pod-0"}, state_dir=replica.state_dir)
+                started = time.time()
+                replica.start()
+                [event] = wait_until(
+                    lambda s=session, r=replica: [e for e in r.log_events("session.adopted") if e["session"] == s],
+                    "the restarted replica to adopt the turn",
+                )
+                adopted_after.append(epoch(event) - started)
+                replica.turn(session, turn)
+                committed_after.append(time.time() - started)
+        finally:
+            replica.stop()
+    rows = [
+        [what, str(len(xs)), f"{percentile(xs, 50):.2f}", f"{percentile(xs, 99):.2f}", f"{max(xs):.2f}"]
+        for what, xs in (("restart → turn adopted", adopted_after), ("restart → turn committed", committed_after))
+    ]
+    print_table(f"Restart under the same id, 1 replica, lease {lease} (seconds)", ["", "n", "p50", "p99", "max"], rows)
+
+
 def turns_per_second(replicas: list[Daemon], clients: int, seconds: float, *, watched: bool = False) -> float:
     """Turns/s of ``clients`` threads posting back to back; with ``watched``, each session is also
     streamed (SSE) on the next replica, so every event of every turn is relayed there."""
@@ -193,6 +231,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="agentd-bench-replicas-") as tmp, pg_server() as pg:
         if args.failovers:
             failover(pg, Path(tmp) / "failover", args.failovers, args.lease)
+            restart_in_place(pg, Path(tmp) / "restart", args.failovers, args.lease)
         throughput(pg, Path(tmp) / "throughput", args.clients, args.seconds, args.lease)
     print(f"\nload average at end: {os.getloadavg()}")
 

@@ -11,14 +11,19 @@ import contextlib
 import os
 import random
 import signal
+import subprocess
 import threading
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
+from agentd.store import EVENTS, ORPHANS
+from agentd.supervisor.relay import Reassembler, RelayedEvent
 from tests.daemon_harness import Daemon, child_pids_of, two_assistant_config, wait_until
 from tests.pg_harness import PgServer
 
@@ -425,3 +430,103 @@ def test_chaos_replica_kills_while_clients_send_every_accepted_message_is_commit
             [record] = [t for t in view["turns"] if t["id"] == turn_id]
             assert record["status"] == "completed", record
             assert len([e for e in view["transcript"] if e.get("turn") == turn_id and e["role"] == "assistant"]) == 1
+
+
+def test_a_replica_restarted_under_its_own_id_takes_up_its_interrupted_turn(tmp_path: Path, pg: PgServer) -> None:
+    """A Kubernetes pod keeps its name (``AGENTD_REPLICA_ID``) across a container restart: the new
+    process is a new lease holder (RFC 0009 §7), so it neither renews nor skips the dead one's
+    leases — the interrupted turn is adopted and committed once, and the session takes messages."""
+    with replicas(tmp_path, pg, 1) as (started, hold):
+        [a] = started
+        session = a.new_session("held")
+        turn = a.send(session, "hold this", wait=False)["turn_id"]
+        a.wait_log("session.loaded", lambda r: r.get("session") == session)
+        kill_replica(a)
+        hold.touch()
+        again = Daemon(a.tmp, env={"AGENTD_REPLICA_ID": "r0"}, state_dir=a.state_dir)
+        started.append(again.start())
+        assert again.turn(session, turn)["status"] == "completed"
+        assert [e["content"] for e in answers(again, session, turn)] == [f"[{MODEL}] You said: hold this"]
+        after = again.send(session, "and after the restart")
+        assert after["turn"]["status"] == "completed"
+        assert again.status()["replica"] == "r0"
+        assert [r["id"] for r in again.status()["replicas"]] == ["r0"]  # one replica, not one per process
+
+
+def test_a_second_live_replica_with_an_id_in_use_is_refused(tmp_path: Path, pg: PgServer) -> None:
+    with replicas(tmp_path, pg, 1) as (started, _hold):
+        [a] = started
+        home = tmp_path / "twin"
+        home.mkdir()
+        twin = Daemon(home, a.config_path.read_text(), env={"AGENTD_REPLICA_ID": "r0"}, state_dir=home / "state")
+        result = subprocess.run(twin.command(), env=twin.env, cwd=home, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert "AGENTD_REPLICA_ID=r0 is in use by a live replica" in result.stderr
+        session = a.new_session("main")
+        assert a.send(session, "still served")["turn"]["status"] == "completed"
+
+
+@contextlib.contextmanager
+def relayed_events(url: str) -> Iterator[list[RelayedEvent]]:
+    """Every event any replica relays on the database, decoded, as a listener of the channel sees it."""
+    heard: list[RelayedEvent] = []
+    stop = threading.Event()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"LISTEN {EVENTS}")
+
+        def listen() -> None:
+            reassembler = Reassembler()
+            while not stop.is_set():
+                for note in conn.notifies(timeout=0.1):
+                    event = reassembler.feed(note.payload)
+                    if event is not None:
+                        heard.append(event)
+
+        thread = threading.Thread(target=listen, daemon=True)
+        thread.start()
+        try:
+            yield heard
+        finally:
+            stop.set()
+            thread.join()
+
+
+def test_a_run_whose_lease_was_lost_relays_nothing_more_and_nothing_follows_turn_done(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    """A replica loses the lease of a turn it runs (frozen while the lease ran out — a database
+    restart or a partition does the same) and another replica adopts and commits the turn, whose
+    subscribers get ``turn.done``. When the first resumes, what its child produced meanwhile is not
+    relayed (fenced by the store like its commit), and no subscriber gets an event of the turn after
+    its ``turn.done`` (RFC 0009 §7). The lease is long (30 s) so that the frozen replica still knows
+    the remote subscriber when it resumes; the test ends the lease in the store itself."""
+    with replicas(tmp_path, pg, 3, lease="30s") as (started, hold):
+        a, b, c = started
+        url = tomllib.loads(a.config_path.read_text())["store"]["url"]
+        session = a.new_session("held")
+        stream = c.events(session)
+        with relayed_events(url) as heard:
+            turn = a.send(session, "hold this", wait=False)["turn_id"]
+            stream.wait("step.started", lambda data: data.get("turn") == turn)  # relayed from a, live
+            origin = next(e.origin for e in heard if e.turn == turn)
+            a.signal(signal.SIGSTOP)  # it renews nothing now; its child runs on
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("UPDATE sessions SET lease_expires = 0 WHERE id = %s", (session,))
+                conn.execute(f"NOTIFY {ORPHANS}")  # the other replicas' failover scans look now
+            wait_until(
+                lambda: [d for d in (b, c) if d.log_events("session.adopted")], "another replica to adopt the session"
+            )
+            hold.touch()  # both children finish the step; only the adopter's run may speak
+            stream.wait("turn.done", lambda data: data.get("turn") == turn)
+            a.signal(signal.SIGCONT)
+            a.wait_log("session.lease_lost", lambda r: r.get("session") == session)
+            # What a relays from now on goes after its late events (one ordered queue): a next turn
+            # run on a is the barrier that shows they were not relayed before it.
+            later = a.send(session, "after the pause")["turn"]["id"]
+            stream.wait("turn.done", lambda data: data.get("turn") == later)
+            wait_until(lambda: any(e.turn == later and e.name == "step.done" for e in heard), "a's later step.done")
+        from_a = [e.name for e in heard if e.origin == origin and e.turn == turn]
+        assert "step.done" not in from_a, from_a  # its child's step ended after the lease was lost
+        names = [(name, data.get("turn")) for name, data in stream.seen]
+        done_at = names.index(("turn.done", turn))
+        assert not [n for n in names[done_at + 1 :] if n[1] == turn], names

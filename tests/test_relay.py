@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentd.store import EVENTS, TURNS
+from agentd.budget import TurnStatus
+from agentd.records import TurnRecord
+from agentd.store import EVENTS, TURNS, Lease
 from agentd.supervisor.relay import (
     MAX_PAYLOAD,
     EventRelay,
@@ -21,7 +23,9 @@ from agentd.supervisor.relay import (
     decode_watch,
     encode_event,
     encode_watch,
+    relay_fence,
 )
+from agentd.supervisor.session import SessionRuntime
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(),
@@ -131,7 +135,7 @@ class _RecordingStore:
         self.crash = False
         self.gate = anyio.Event()
 
-    async def notify_many(self, notes: Sequence[tuple[str, str]]) -> str | None:
+    async def notify_many(self, notes: Sequence[tuple[str, str]], *, fences: Sequence[object] = ()) -> str | None:
         await self.gate.wait()
         self.batches.append(list(notes))
         if self.fail:
@@ -180,3 +184,59 @@ async def test_a_store_call_that_raises_does_not_end_the_relay() -> None:
         assert await relay.flush(5.0)
         tg.cancel_scope.cancel()
     assert [batch[0][1] for batch in store.batches] == ["s1 t1 r1", "s1 t2 r1"]
+
+
+def test_only_the_run_that_holds_the_turn_here_relays_its_events() -> None:
+    """Fenced like a commit (RFC 0009 §7): an event of a turn that no longer runs here comes from a
+    run whose lease was found lost; one of the running turn goes out under its lease."""
+    held = Lease(session="s1", replica="r1/0123abcd", token=3, expires_at=10.0)
+    assert relay_fence("t1", "t1", held) == (True, held)
+    assert relay_fence("t1", None, held) == (False, None)  # the lease was lost: the turn left
+    assert relay_fence("t1", "t2", held) == (False, None)  # a stale run of an earlier turn
+    assert relay_fence(None, None, None) == (True, None)  # the session's own (a swap while idle)
+
+
+@pytest.mark.anyio
+async def test_the_relay_hands_each_event_its_fence() -> None:
+    store = _FencedStore()
+    relay = EventRelay(store, "r1")
+    held = Lease(session="s1", replica="r1", token=3, expires_at=10.0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        relay.send_event(EVENTS, "s1", "t1", "step.done", {"step": 0}, fence=held)
+        relay.send(TURNS, "s1 t1 r1")
+        assert await relay.flush(5.0)
+        tg.cancel_scope.cancel()
+    assert store.fences == [held, None]
+
+
+class _FencedStore:
+    def __init__(self) -> None:
+        self.fences: list[Lease | None] = []
+
+    async def notify_many(self, notes: Sequence[tuple[str, str]], *, fences: Sequence[Lease | None] = ()) -> str | None:
+        self.fences.extend(fences)
+        return None
+
+
+def test_a_subscriber_gets_no_event_of_a_turn_after_its_turn_done() -> None:
+    runtime = SessionRuntime("s1", "main", "idle", 1, "m")
+    stream = runtime.subscribe()
+    record = TurnRecord(id="t1", status=TurnStatus.COMPLETED, models=("m",), steps=1, started_at=1.0, ended_at=2.0)
+    runtime.publish("step.done", "t1", {"step": 0})
+    runtime.publish_turn_done(record, [])
+    runtime.publish("step.done", "t1", {"step": 0})  # a superseded run's, relayed late
+    runtime.publish("turn.started", "t2", {})
+    got = []
+    with stream:
+        while True:
+            try:
+                got.append(stream.receive_nowait())
+            except anyio.WouldBlock:
+                break
+    runtime.close_subscribers()
+    assert [(name, data["turn"]) for name, data in got] == [
+        ("step.done", "t1"),
+        ("turn.done", "t1"),
+        ("turn.started", "t2"),
+    ]

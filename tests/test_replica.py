@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from agentd.store import Lease
-from agentd.store.codec import valid_replica_id
+from agentd.store import Lease, ReplicaRow
+from agentd.store.codec import LEASE_HOLDER, valid_replica_id
 from agentd.supervisor.replica import (
     ENV_REPLICA_ID,
     RenewVerdict,
     heartbeat_interval,
     judge_renewal,
+    lease_holder,
+    live_twin,
     loaded_copy_is_current,
+    new_incarnation,
     registry_max_age,
     replica_id,
+    replica_name,
+    replica_views,
+    rivals,
     scan_interval,
 )
 
@@ -78,3 +84,36 @@ def test_a_missing_lease_is_lost_only_while_its_turn_runs_here() -> None:
     assert judge_renewal(asked, asked, None, same_turn=True) is RenewVerdict.LOST
     assert judge_renewal(asked, asked, lease(5), same_turn=True) is RenewVerdict.LOST  # another token
     assert judge_renewal(asked, asked, None, same_turn=False) is RenewVerdict.IDLE
+
+
+def row(holder: str, seen_at: float, generation: int = 1) -> ReplicaRow:
+    return ReplicaRow(id=holder, generation=generation, sessions=0, seen_at=seen_at)
+
+
+def test_a_process_is_a_holder_of_its_replica_id() -> None:
+    first, second = new_incarnation(), new_incarnation()
+    assert first != second and len(first) == 8
+    holder = lease_holder("pod-0", first)
+    assert holder == f"pod-0/{first}" and replica_name(holder) == "pod-0"
+    assert LEASE_HOLDER.fullmatch(holder) and not valid_replica_id(holder)  # the env var cannot name one
+    assert replica_name("r1") == "r1"  # a holder with no incarnation (an older replica) is its id
+
+
+def test_a_rival_is_another_holder_of_the_same_id() -> None:
+    rows = [row("pod-0/aaaaaaaa", 5.0), row("pod-0/bbbbbbbb", 6.0), row("pod-1/cccccccc", 7.0)]
+    assert rivals(rows, "pod-0/bbbbbbbb") == {"pod-0/aaaaaaaa": 5.0}
+    assert rivals(rows, "pod-2/dddddddd") == {}
+
+
+def test_a_rival_that_beats_again_is_a_live_twin_one_that_does_not_is_the_dead_predecessor() -> None:
+    me = "pod-0/bbbbbbbb"
+    before = {"pod-0/aaaaaaaa": 5.0}
+    assert live_twin(before, [row("pod-0/aaaaaaaa", 5.0), row(me, 6.0)], me) is None  # silent so far
+    assert live_twin(before, [row("pod-0/aaaaaaaa", 5.5)], me) == "pod-0/aaaaaaaa"  # it beat: alive
+    assert live_twin(before, [row("pod-0/cccccccc", 6.0)], me) == "pod-0/cccccccc"  # a third one started
+    assert live_twin(before, [], me) is None  # aged out: dead
+
+
+def test_operators_see_one_row_per_replica_id_the_newest() -> None:
+    rows = [row("pod-1/cccccccc", 7.0), row("pod-0/aaaaaaaa", 5.0, generation=1), row("pod-0/bbbbbbbb", 6.0, 2)]
+    assert replica_views(rows) == [row("pod-0", 6.0, 2), row("pod-1", 7.0)]

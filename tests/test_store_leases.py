@@ -17,7 +17,7 @@ import pytest
 from agentd.budget import TurnStatus
 from agentd.messages import AssistantMessage, SystemMessage, UserMessage
 from agentd.records import JournalEntry, TurnRecord
-from agentd.store import ORPHANS, TURNS, Lease, LeaseLost, Store, StoreError, UnknownSession
+from agentd.store import EVENTS, ORPHANS, TURNS, Lease, LeaseLost, Store, StoreError, UnknownSession
 from tests.store_harness import Backend
 
 pytestmark = pytest.mark.anyio
@@ -413,6 +413,53 @@ async def test_a_release_that_leaves_a_pending_turn_notifies_the_other_replicas(
             await store.notify(TURNS, "s1 t0 r1")
     assert heard == [(ORPHANS, "s1"), (TURNS, "s1 t0 r1")]
     assert [held.session for held in await other.claim_orphaned("r2", LONG)] == ["s1"]
+
+
+async def test_a_fenced_notification_goes_out_only_while_its_lease_is_current(
+    backend: Backend, store: Store, other: Store
+) -> None:
+    """Relayed events are fenced like commits (RFC 0009 §7): once another holder claimed the
+    session, what the old holder's run still says is not sent; an unfenced note always is."""
+    await new_session(store, pending="t1")
+    old = await store.claim("s1", "r1/0123abcd", BRIEF)  # a holder: a replica id and its incarnation
+    assert old is not None and old.replica == "r1/0123abcd"
+    if backend.name == "sqlite":  # one daemon owns a SQLite store: nobody to tell, nothing sent
+        assert await store.notify_many([(EVENTS, "e1")], fences=[old]) is None
+        return
+    with anyio.fail_after(TIMEOUT):
+        assert await other.next_notification(0.01) is None  # it listens from now on
+    heard: list[tuple[str, str] | None] = []
+
+    async def listen() -> None:
+        heard.append(await other.next_notification(LONG))
+        heard.append(await other.next_notification(LONG))
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listen)
+            await anyio.wait_all_tasks_blocked()
+            assert await store.notify_many([(EVENTS, "while held")], fences=[old]) is None
+            new = await other.claim("s1", "r1/4567cdef", LONG)  # the same replica id, restarted
+            assert new is not None and new.token == old.token + 1
+            assert (
+                await store.notify_many(
+                    [(EVENTS, "stale"), (TURNS, "s1 t1 r1"), (EVENTS, "fresh")], fences=[old, None, new]
+                )
+                is None
+            )
+    assert heard == [(EVENTS, "while held"), (TURNS, "s1 t1 r1")]
+    assert await other.next_notification(0.5) == (EVENTS, "fresh")
+
+
+async def test_a_restarted_holder_of_the_same_replica_id_does_not_renew_the_dead_ones_leases(
+    store: Store, other: Store
+) -> None:
+    await new_session(store, pending="t1")
+    dead = await store.claim("s1", "pod-0/0123abcd", BRIEF)
+    assert dead is not None
+    assert await other.renew("pod-0/4567cdef", LONG) == {}
+    [adopted] = await other.claim_orphaned("pod-0/4567cdef", LONG)
+    assert adopted.session == "s1" and adopted.token == dead.token + 1
 
 
 # ---------------------------------------------------------------------------- watches (RFC 0009 §7)

@@ -455,9 +455,11 @@ class Store(abc.ABC):
         """
         return None
 
-    async def notify_many(self, notes: Sequence[tuple[str, str]]) -> str | None:
+    async def notify_many(self, notes: Sequence[tuple[str, str]], *, fences: Sequence[Lease | None] = ()) -> str | None:
         """Send ``notes`` (channel, payload) in one transaction, so they are delivered in this order,
-        together; None once sent, else why they were not (best effort: never raises).
+        together; None once sent, else why they were not (best effort: never raises). A note whose
+        fence (``fences[i]``, when given) is no longer the session's current lease is not sent: a
+        run whose lease was lost speaks no more, as it commits no more (RFC 0009 §7).
 
         The default sends nothing: with one daemon on the store (SQLite) there is nobody to tell.
         """

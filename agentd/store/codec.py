@@ -110,14 +110,20 @@ REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}")
 REPLICA_ID_RULE = "1 to 253 ASCII letters, digits and . _ : @ -, starting with a letter or digit"
 
 
+#: What the store records as a replica (a lease's owner, a registry row, a watcher): a replica id,
+#: optionally with ``/`` and the incarnation of the process that bears it (RFC 0009 §7), so that a
+#: process restarted under the same id is a new holder and never renews a dead one's leases.
+LEASE_HOLDER = re.compile(REPLICA_ID.pattern + r"(?:/[0-9a-f]{8})?")
+
+
 def valid_replica_id(replica: object) -> bool:
     """Whether ``replica`` is a usable replica id (``REPLICA_ID``)."""
     return isinstance(replica, str) and REPLICA_ID.fullmatch(replica) is not None
 
 
 def check_replica(replica: str, where: str) -> None:
-    """StoreError unless ``replica`` is a usable replica id (``REPLICA_ID``)."""
-    if not valid_replica_id(replica):
+    """StoreError unless ``replica`` is a usable replica id, with or without its incarnation (``LEASE_HOLDER``)."""
+    if not (isinstance(replica, str) and LEASE_HOLDER.fullmatch(replica) is not None):
         raise StoreError(f"{where}: a replica id must be {REPLICA_ID_RULE}, not {replica!r}")
 
 

@@ -730,10 +730,25 @@ class PostgresStore(Store):
         except StoreError as exc:
             log.debug("store.notify_failed", channel=channel, error=str(exc))
 
-    async def notify_many(self, notes: Sequence[tuple[str, str]]) -> str | None:
+    async def notify_many(self, notes: Sequence[tuple[str, str]], *, fences: Sequence[Lease | None] = ()) -> str | None:
+        rows = [
+            {
+                "channel": channel,
+                "payload": payload,
+                "session": fence.session if fence is not None else None,
+                "owner": fence.replica if fence is not None else None,
+                "token": fence.token if fence is not None else None,
+            }
+            for (channel, payload), fence in zip(notes, fences or [None] * len(notes), strict=True)
+        ]
+
         async def op(conn: Conn) -> None:
             async with conn.cursor() as cursor:
-                await cursor.executemany("SELECT pg_notify(%s, %s)", list(notes))
+                await cursor.executemany(
+                    "SELECT pg_notify(%(channel)s, %(payload)s) WHERE %(session)s::text IS NULL OR EXISTS"
+                    " (SELECT 1 FROM sessions WHERE id = %(session)s AND owner = %(owner)s AND fence = %(token)s)",
+                    rows,
+                )
 
         if not notes:
             return None

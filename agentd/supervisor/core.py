@@ -61,9 +61,15 @@ from agentd.supervisor.replica import (
     RenewVerdict,
     heartbeat_interval,
     judge_renewal,
+    lease_holder,
+    live_twin,
     loaded_copy_is_current,
+    new_incarnation,
     registry_max_age,
     replica_id,
+    replica_name,
+    replica_views,
+    rivals,
     scan_interval,
 )
 from agentd.supervisor.runner import TurnRunner
@@ -150,7 +156,12 @@ class Supervisor:
         self.policy = policy
         self.generation = 1
         self.store = store
-        self.replica = replica_id()
+        # Shown to operators (status, registry): the replica id. Known to the store (leases, the
+        # registry's row, watches, relayed events): this process, the id and its incarnation.
+        self.replica_name = replica_id()
+        self.replica = lease_holder(self.replica_name, new_incarnation())
+        self._beat_seen: float | None = None  # the store's time of this process's first beat
+        self._twins_reported: set[str] = set()
         # Leases are taken on a shared database only: on SQLite one daemon owns the state dir.
         self.shared_store = bool(config.store.url)
         self.lease_time = config.store.lease  # restart-only, like the store itself
@@ -259,9 +270,47 @@ class Supervisor:
 
     async def _beat(self) -> None:
         try:
-            await self.store.beat(self.replica, generation=self.generation, sessions=self._owned_sessions())
+            row = await self.store.beat(self.replica, generation=self.generation, sessions=self._owned_sessions())
         except StoreError as exc:
             log.warning("replica.beat_failed", replica=self.replica, error=str(exc))
+            return
+        if self._beat_seen is None:
+            self._beat_seen = row.seen_at
+        elif self.shared_store:
+            await self._report_twins()
+
+    async def _report_twins(self) -> None:
+        """Say, once per process, that another live process bears this replica's id: one that beat
+        after this one's first beat cannot be the dead process this one replaced. Two started at
+        the same moment both got past ``live_twin``; their leases stay apart (each its holder)."""
+        assert self._beat_seen is not None
+        try:
+            rows = await self.store.live_replicas(self.lease_time)
+        except StoreError:
+            return  # the next beat looks again
+        for rival, seen_at in rivals(rows, self.replica).items():
+            if seen_at > self._beat_seen and rival not in self._twins_reported:
+                self._twins_reported.add(rival)
+                log.error(events.LOG_REPLICA_ID_IN_USE, replica=self.replica, other=rival)
+
+    async def find_live_twin(self) -> str | None:
+        """Another live process that bears this replica's id (a shared store), else None — asked at
+        start, before serving. A registry row of the id that beat within a lease is either the
+        process this one replaces (dead: it never beats again, and once its last beat is a lease
+        old it holds no lease either) or a twin (it beats every ``lease / 3``): watched until one
+        or the other is plain, at most a lease."""
+        if not self.shared_store:
+            return None
+        before = rivals(await self.store.live_replicas(self.lease_time), self.replica)
+        if not before:
+            return None
+        log.info(events.LOG_REPLICA_RIVAL, replica=self.replica, rivals=sorted(before))
+        while True:
+            await anyio.sleep(heartbeat_interval(self.lease_time) / 4)
+            rows = await self.store.live_replicas(self.lease_time)
+            twin = live_twin(before, rows, self.replica)
+            if twin is not None or not rivals(rows, self.replica):
+                return twin
 
     def _owned_sessions(self) -> int:
         """How many sessions this replica owns: those it holds a lease on (a shared store), else
@@ -430,7 +479,13 @@ class Supervisor:
             turn = runtime.pending if runtime is not None else None
             if runtime is not None and turn is not None and turn.child is not None and not runtime.watched:
                 await turn.child.send(Watch(session=runtime.id))
-                log.info(events.LOG_SESSION_RELAYED, session=runtime.id, turn=turn.id, to=notice.replica)
+                log.info(
+                    events.LOG_SESSION_RELAYED,
+                    session=runtime.id,
+                    turn=turn.id,
+                    to=replica_name(notice.replica),
+                    holder=notice.replica,
+                )
 
     async def _turn_ended_elsewhere(self, session_id: str, turn_id: str) -> None:
         """Another replica ended a turn of a session watched here: its subscribers get ``turn.done``."""
@@ -832,12 +887,12 @@ class Supervisor:
             children=children,
             sessions=sessions,
             draining=self.draining,
-            replica=self.replica,
+            replica=self.replica_name,
             replicas=await self._live_replicas(),
         )
 
     async def _live_replicas(self) -> list[ReplicaView]:
-        rows = await self._store_or_503(self.store.live_replicas(registry_max_age(self.lease_time)))
+        rows = replica_views(await self._store_or_503(self.store.live_replicas(registry_max_age(self.lease_time))))
         return [ReplicaView(id=r.id, generation=r.generation, sessions=r.sessions, seen_at=r.seen_at) for r in rows]
 
     async def metrics_text(self) -> bytes:

@@ -42,7 +42,7 @@ from agentd.obs import configure_logging, get_logger
 from agentd.store import Store, StoreError, StoreUnavailable, open_store, store_location
 from agentd.supervisor.core import Supervisor, load_daemon_config
 from agentd.supervisor.options import DaemonOptions
-from agentd.supervisor.replica import replica_id
+from agentd.supervisor.replica import ENV_REPLICA_ID, replica_id
 from agentd.supervisor.systemd import notify
 from agentd.validate import abort_tool_checks
 
@@ -372,6 +372,16 @@ async def _run(
     if orphaned:
         lines = "\n".join(f"  {issue}" for issue in orphaned)
         return _fail(f"invalid config ({options.config_path or 'config'}):\n{lines}", EXIT_CONFIG), False
+    try:
+        twin = await supervisor.find_live_twin()
+    except StoreError as exc:
+        return _fail(str(exc), EXIT_RUNTIME), False
+    if twin is not None:
+        message = (
+            f"{ENV_REPLICA_ID}={supervisor.replica_name} is in use by a live replica ({twin}):"
+            " give every replica an id of its own"
+        )
+        return _fail(message, EXIT_CONFIG), False
     try:
         api.bind()
     except OSError as exc:

@@ -32,7 +32,9 @@ from typing import Any, NamedTuple, Protocol
 
 import anyio
 
+from agentd import events
 from agentd.obs import get_logger
+from agentd.store import Lease
 
 __all__ = [
     "MAX_PAYLOAD",
@@ -45,6 +47,7 @@ __all__ = [
     "decode_watch",
     "encode_event",
     "encode_watch",
+    "relay_fence",
 ]
 
 #: The largest notification payload sent, in bytes: under PostgreSQL's 8,000-byte limit, with room.
@@ -231,8 +234,8 @@ def _decode_event(origin: str, seq: int, body: str) -> RelayedEvent | None:
 class Notifier(Protocol):
     """What the relay needs of the store (``Store.notify_many``)."""
 
-    async def notify_many(self, notes: Sequence[tuple[str, str]]) -> str | None:
-        """Send ``notes`` in one transaction; None once sent, else why not."""
+    async def notify_many(self, notes: Sequence[tuple[str, str]], *, fences: Sequence[Lease | None] = ()) -> str | None:
+        """Send ``notes`` in one transaction, each only while its fence holds; None once sent, else why not."""
 
 
 class EventRelay:
@@ -248,17 +251,19 @@ class EventRelay:
     def __init__(self, store: Notifier, replica: str) -> None:
         self.store = store
         self.replica = replica
-        self._queue: collections.deque[tuple[str, str]] = collections.deque()
+        # (channel, payload, fence): an event goes out only while the lease it was produced under holds.
+        self._queue: collections.deque[tuple[str, str, Lease | None]] = collections.deque()
         self._queued = 0  # notifications ever queued
         self._sent = 0  # ... and sent or given up on
         self._seq = 0
         self._wake = anyio.Event()
         self._progress = anyio.Event()
         self.dropped = 0
+        self.fenced = 0  # events of a run that no longer runs here, not relayed
 
-    def send(self, channel: str, payload: str) -> None:
-        """Queue one notification."""
-        self._queue.append((channel, payload))
+    def send(self, channel: str, payload: str, *, fence: Lease | None = None) -> None:
+        """Queue one notification; with a ``fence``, the store sends it only while that lease is current."""
+        self._queue.append((channel, payload, fence))
         self._queued += 1
         if len(self._queue) > QUEUE_LIMIT:  # the database cannot keep up: bound the memory
             self._queue.popleft()
@@ -268,11 +273,29 @@ class EventRelay:
                 log.warning("replica.relay_dropped", replica=self.replica, dropped=self.dropped)
         self._wake.set()
 
-    def send_event(self, channel: str, session: str, turn: str | None, name: str, data: dict[str, Any]) -> None:
-        """Queue one session event for the replicas watching ``session``."""
+    def send_event(
+        self,
+        channel: str,
+        session: str,
+        turn: str | None,
+        name: str,
+        data: dict[str, Any],
+        *,
+        fence: Lease | None = None,
+    ) -> None:
+        """Queue one session event for the replicas watching ``session``; with a ``fence`` (the
+        lease of the run that produced it) the store sends it only while that lease is current —
+        fenced like a commit (RFC 0009 §7): once another replica holds the session, a subscriber
+        must not get this run's events among (or after) the new run's."""
         self._seq += 1
         for payload in encode_event(self.replica, self._seq, session, turn, name, data):
-            self.send(channel, payload)
+            self.send(channel, payload, fence=fence)
+
+    def fence_stale(self) -> None:
+        """Count an event not relayed: its run no longer runs here (``relay_fence``)."""
+        self.fenced += 1
+        if self.fenced == 1 or self.fenced % 100 == 0:  # the first, then one line per hundred
+            log.info(events.LOG_REPLICA_EVENTS_FENCED, replica=self.replica, total=self.fenced)
 
     async def flush(self, bound: float) -> bool:
         """Wait (at most ``bound`` seconds) until everything queued so far was sent; whether it was."""
@@ -288,9 +311,10 @@ class EventRelay:
             await self._wake.wait()
             self._wake = anyio.Event()
             while self._queue:
-                batch = list(_take(self._queue, BATCH))
+                taken = list(_take(self._queue, BATCH))
+                batch = [(channel, payload) for channel, payload, _ in taken]
                 try:
-                    failure = await self.store.notify_many(batch)
+                    failure = await self.store.notify_many(batch, fences=[fence for _, _, fence in taken])
                 except Exception as exc:  # never the daemon's end: these are best effort
                     log.exception("replica.relay_failed", replica=self.replica, lost=len(batch), error=str(exc))
                     failure = None
@@ -301,6 +325,20 @@ class EventRelay:
                 progress.set()
 
 
-def _take(queue: collections.deque[tuple[str, str]], count: int) -> Iterator[tuple[str, str]]:
+def relay_fence(turn: str | None, running: str | None, lease: Lease | None) -> tuple[bool, Lease | None]:
+    """Whether an event of ``turn`` may be relayed by the replica where ``running`` (the session's
+    turn running here, if any) runs under ``lease``, and the fence it goes out under. An event of
+    no turn is the session's (a swap of an idle session): unfenced. One of a turn that no longer
+    runs here comes from a run whose lease was found lost: never relayed."""
+    if turn is None:
+        return True, None
+    if turn != running:
+        return False, None
+    return True, lease
+
+
+def _take(
+    queue: collections.deque[tuple[str, str, Lease | None]], count: int
+) -> Iterator[tuple[str, str, Lease | None]]:
     for _ in range(min(count, len(queue))):
         yield queue.popleft()

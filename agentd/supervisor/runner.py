@@ -48,7 +48,7 @@ from agentd.store import EVENTS, TURNS, CommittedTurn, LeaseLost, Store, StoreEr
 from agentd.supervisor.blame import CrashVerdict, blame, quarantined, rerun_allowed
 from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Pool
-from agentd.supervisor.relay import EventRelay
+from agentd.supervisor.relay import EventRelay, relay_fence
 from agentd.supervisor.session import PendingTurn, SessionRuntime
 from agentd.views import entry_from_message
 
@@ -455,7 +455,12 @@ class TurnRunner:
         subscribers for the session, relay it there (RFC 0009 §7)."""
         runtime.publish(name, turn, data)
         if self.relay is not None and self.watched_elsewhere(runtime.id):
-            self.relay.send_event(EVENTS, runtime.id, turn, name, data)
+            running = runtime.pending.id if runtime.pending is not None else None
+            relayed, fence = relay_fence(turn, running, runtime.lease)
+            if relayed:
+                self.relay.send_event(EVENTS, runtime.id, turn, name, data, fence=fence)
+            else:
+                self.relay.fence_stale()
 
     # ------------------------------------------------------------------ frames from children
 

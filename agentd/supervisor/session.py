@@ -147,6 +147,8 @@ class SessionRuntime:
         """Fan an event out to subscribers; a subscriber too slow to keep up is dropped, never waited for."""
         if not self._subscribers:
             return
+        if turn is not None and turn in self.done_published:
+            return  # a superseded run's late event (RFC 0009 §7): the turn's end was told already
         payload = {"session": self.id, "turn": turn, **data}
         for subscriber in list(self._subscribers):
             try:
