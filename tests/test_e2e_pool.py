@@ -300,6 +300,7 @@ def test_a_child_killed_while_its_grandchild_holds_the_channel_is_replaced_at_on
         assert daemon.session(session)["child"] not in (None, child)
         # The grandchild went down with its child's process group when the child was reaped.
         wait_until(lambda: not pid_alive(grandchild), "the grandchild to be killed with its child")
+        assert any(e["pid"] == child for e in daemon.log_events("child.leftovers_killed"))
 
 
 def test_stopping_the_daemon_kills_what_a_tool_left_running_in_its_child(tmp_path: Path) -> None:
@@ -311,6 +312,7 @@ def test_stopping_the_daemon_kills_what_a_tool_left_running_in_its_child(tmp_pat
         assert pid_alive(grandchild)
         assert daemon.stop() == 0
         wait_until(lambda: not pid_alive(grandchild), "the grandchild to be killed when agentd stopped")
+        assert daemon.log_events("child.leftovers_killed")
 
 
 # --------------------------------------------------------------------------- the pool's shape

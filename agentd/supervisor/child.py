@@ -214,8 +214,14 @@ class ChildProcess:
         await self.exited()
         # Whatever the child left in its group dies with it: a process a tool forked may hold the
         # channel and stderr open (and on Python 3.11 asyncio's wait() waits for stderr to close).
-        self.signal(signal.SIGKILL)
-        self._group_killed = True
+        if not self._group_killed:
+            self._group_killed = True
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # the group is empty: the child left nothing behind
+            else:
+                log.warning(events.LOG_CHILD_LEFTOVERS_KILLED, child=self.child_id, pid=self.process.pid)
         code = await self.process.wait()
         await self.channel.aclose()
         if self._pidfd is not None:
