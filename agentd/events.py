@@ -74,6 +74,8 @@ LOG_CHILD_READY: Final = "child.ready"
 LOG_CHILD_EXIT: Final = "child.exit"
 LOG_CHILD_STDERR: Final = "child.stderr"
 LOG_CHILD_SHUTDOWN: Final = "child.shutdown"
+# A reaped child had left processes in its process group (a tool's subprocess): they were killed.
+LOG_CHILD_LEFTOVERS_KILLED: Final = "child.leftovers_killed"
 LOG_INTEL_ERROR: Final = "intel.error"
 LOG_INTEL_FAILOVER: Final = "intel.failover"
 LOG_TRANSFER: Final = "session.transfer"

@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.child_harness import tool_log
-from tests.daemon_harness import Daemon, EventStream, running_daemon, wait_until
+from tests.daemon_harness import Daemon, EventStream, pid_alive, running_daemon, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -252,6 +253,68 @@ def test_a_stopped_child_is_killed_and_its_turn_reruns_elsewhere(tmp_path: Path)
         assert len([e for e in daemon.entries(session, turn_id) if e["role"] == "user"]) == 1
 
 
+FORKER = """
+[[assistants]]
+name = "forker"
+first_message_mode = "assistant-waits-for-user"
+tools = ["tests.tooling:leave_grandchild", "tests.tooling:hold_with_grandchild"]
+"""
+
+
+def grandchildren(tmp: Path) -> list[int]:
+    """The pids of the processes the test tools forked (``grandchild <pid>`` in the tool log)."""
+    return [int(line.split()[1]) for line in tool_log(tmp) if line.startswith("grandchild ")]
+
+
+@contextlib.contextmanager
+def killing_grandchildren(tmp: Path) -> Iterator[None]:
+    """Whatever the test's outcome, leave none of the tools' grandchildren running."""
+    try:
+        yield
+    finally:
+        for pid in grandchildren(tmp):
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_child_killed_while_its_grandchild_holds_the_channel_is_replaced_at_once(tmp_path: Path) -> None:
+    """The grandchild keeps the control socket (and stderr) open, so no EOF tells of the death; with
+    pings 10 minutes apart, only watching the child's exit can notice it within the test."""
+    supervisor = 'children = 1\nspare_children = 0\nspawn_timeout = "60s"\nping_interval = "10m"\nping_timeout = "10m"'
+    with (
+        killing_grandchildren(tmp_path),
+        running_daemon(tmp_path, pool_config(tmp_path, supervisor=supervisor, more=FORKER)) as daemon,
+    ):
+        session = daemon.new_session("forker")
+        turn_id = daemon.send(session, "please hold_with_grandchild", wait=False)["turn_id"]
+        grandchild = wait_until(lambda: grandchildren(tmp_path), "the tool to fork a grandchild")[0]
+        wait_until(lambda: any(line.startswith("held-start") for line in tool_log(tmp_path)), "the tool to hold")
+        child = loaded_on(daemon, session)
+        os.kill(child, signal.SIGKILL)
+        (tmp_path / "tool.gate").touch()  # a re-run that runs the tool again would not be held
+        turn = daemon.turn(session, turn_id)
+        assert turn["status"] == "completed", turn
+        assert [e["session"] for e in daemon.log_events("turn.rerun")] == [session]
+        assert any(e["pid"] == child for e in daemon.log_events("child.exit"))
+        assert daemon.session(session)["child"] not in (None, child)
+        # The grandchild went down with its child's process group when the child was reaped.
+        wait_until(lambda: not pid_alive(grandchild), "the grandchild to be killed with its child")
+        assert any(e["pid"] == child for e in daemon.log_events("child.leftovers_killed"))
+
+
+def test_stopping_the_daemon_kills_what_a_tool_left_running_in_its_child(tmp_path: Path) -> None:
+    (tmp_path / "hold-a").touch()
+    with killing_grandchildren(tmp_path), running_daemon(tmp_path, pool_config(tmp_path, more=FORKER)) as daemon:
+        session = daemon.new_session("forker")
+        assert daemon.send(session, "please leave_grandchild")["turn"]["status"] == "completed"
+        [grandchild] = grandchildren(tmp_path)
+        assert pid_alive(grandchild)
+        assert daemon.stop() == 0
+        wait_until(lambda: not pid_alive(grandchild), "the grandchild to be killed when agentd stopped")
+        assert daemon.log_events("child.leftovers_killed")
+
+
 # --------------------------------------------------------------------------- the pool's shape
 
 
@@ -277,6 +340,22 @@ def test_a_reload_that_shrinks_the_pool_drains_children_and_cuts_no_turn(tmp_pat
         wait_until(lambda: len(daemon.status()["children"]) == 1, "the pool to shrink to one child")
         assert all(daemon.send(s, "more")["turn"]["status"] == "completed" for s in sessions)
         assert not daemon.log_events("turn.rerun"), "a shrink never cuts a turn"
+
+
+def test_a_reload_that_lowers_idle_unload_applies_it_at_once(tmp_path: Path) -> None:
+    """With ``idle_unload = "1h"`` the idle scan runs every 30 s (a quarter, capped at 30 s). The
+    test waits at most 15 s after the reload, so only the lowered value's interval can unload the
+    session in time."""
+    (tmp_path / "hold-a").touch()
+    with running_daemon(tmp_path, pool_config(tmp_path, supervisor=ONE_CHILD + '\nidle_unload = "1h"')) as daemon:
+        session = daemon.new_session("a")
+        assert daemon.send(session, "hi")["turn"]["status"] == "completed"
+        assert daemon.status()["sessions"]["loaded"] == 1
+        daemon.write_config(pool_config(tmp_path, supervisor=ONE_CHILD + '\nidle_unload = "300ms"'))
+        assert "supervisor.idle_unload" in daemon.json("POST", "/v1/reload", status=200)["changed"]
+        wait_until(lambda: daemon.status()["sessions"]["loaded"] == 0, "the idle session to be unloaded", timeout=15)
+        assert [e["session"] for e in daemon.log_events("session.unloaded")] == [session]
+        assert daemon.session(session)["child"] is None
 
 
 def test_the_supervisor_spends_no_thread_per_child(tmp_path: Path) -> None:

@@ -66,3 +66,27 @@ def env_names(label: str = "") -> str:
     names = " ".join(sorted(os.environ))
     _log("env " + names)
     return names
+
+
+def _fork_sleeper() -> int:
+    """Fork a process that holds every fd the child has (its control channel and stderr included)
+    and sleeps; its pid is logged as ``grandchild <pid>``. It does nothing else: no exec, no close."""
+    pid = os.fork()
+    if pid == 0:  # the grandchild: only sleep, whatever happens (never run the child's code)
+        try:
+            time.sleep(300)
+        finally:
+            os._exit(0)
+    _log(f"grandchild {pid}")
+    return pid
+
+
+def leave_grandchild(label: str = "") -> str:
+    """Fork a grandchild that outlives this call (see ``_fork_sleeper``) and return at once."""
+    return f"grandchild {_fork_sleeper()}"
+
+
+def hold_with_grandchild(label: str = "") -> str:
+    """Fork a grandchild (see ``_fork_sleeper``), then wait for the gate file like ``held``."""
+    _fork_sleeper()
+    return held(label)

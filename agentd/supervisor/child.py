@@ -9,6 +9,11 @@ gives it.
 Liveness is per child, not per session: one ``Ping`` every ``ping_interval``; no ``Pong`` within
 ``ping_timeout`` starts the kill ladder — ``Shutdown{grace}`` → SIGTERM after the grace → SIGKILL
 2 s later → reap. Reaping always happens, so no zombie is left. See rfcs/0006-pool.md.
+
+A child's exit is its death, noticed at once whatever its descendants hold: a process a tool forks
+inherits the channel, so its end of stream may never come. And a child is its process group (it
+runs in a session of its own): the ladder's signals go to the whole group, and once the child is
+reaped whatever it left in its group is killed, so nothing it started outlives it.
 """
 
 from __future__ import annotations
@@ -62,10 +67,20 @@ class SpawnError(Exception):
 class ChildProcess:
     """A started ``python -m agentd.child`` and its control channel: the OS-level half of a child."""
 
-    def __init__(self, child_id: str, process: Process, channel: FrameChannel) -> None:
+    def __init__(
+        self,
+        child_id: str,
+        process: Process,
+        channel: FrameChannel,
+        sock: socket.socket | None = None,
+        pidfd: int | None = None,
+    ) -> None:
         self.child_id = child_id
         self.process = process
         self.channel = channel
+        self._sock = sock  # our end of the channel, to stop reading it once the child has exited
+        self._pidfd = pidfd  # to see the child exit (None: asyncio's wait tells)
+        self._group_killed = False  # the child was reaped and its process group killed after it
 
     @property
     def pid(self) -> int:
@@ -96,8 +111,9 @@ class ChildProcess:
             raise
         finally:
             theirs.close()
+        pidfd = _open_pidfd(process)  # before any other await: the pid is surely still the child's
         channel = FrameChannel(await SocketStream.from_socket(ours))
-        return cls(child_id, process, channel)
+        return cls(child_id, process, channel, ours, pidfd)
 
     async def handshake(self, spawn: Spawn, timeout: float) -> Ready:  # noqa: ASYNC109 - the spawn_timeout is the API
         """Send Spawn and wait for Ready; SpawnError if refused, dead or late."""
@@ -138,12 +154,38 @@ class ChildProcess:
         return await self.channel.receive()
 
     def signal(self, signum: signal.Signals) -> None:
-        """Send a signal unless the process is already reaped."""
-        if self.process.returncode is None:
-            # os.kill, not Popen.send_signal: the latter polls first and may reap the child itself,
-            # and then asyncio's watcher reports a made-up exit status 255.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signum)
+        """Send a signal to the child's process group: the child and whatever it started that is still
+        in its group (a tool's subprocess). Nothing once the child is reaped and its group killed."""
+        if self._group_killed:
+            return
+        # killpg, not Popen.send_signal: the latter polls first and may reap the child itself, and
+        # then asyncio's watcher reports a made-up exit status 255. The child leads its own group
+        # (start_new_session), so the group id is its pid, and that id is not given to another
+        # process while anyone in the group is alive.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signum)
+
+    async def exited(self) -> None:
+        """Return once the child process has exited, whatever still holds its channel or stderr.
+
+        A pidfd becomes readable when the process exits. Without pidfds (Linux before 5.3) this is
+        asyncio's wait, which on some versions also waits for the child's pipes to close.
+        """
+        if self._pidfd is None:
+            await self.process.wait()
+            return
+        fd = os.dup(self._pidfd)  # one fd per waiter: anyio lets one task at a time wait on an fd
+        try:
+            await anyio.wait_readable(fd)
+        finally:
+            os.close(fd)
+
+    def stop_reading(self) -> None:
+        """Read what the channel holds, then end of stream, even though another process (a fork of
+        the child) keeps the other end open: the child has exited and can write no more."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RD)
 
     async def stop(self, grace: float) -> int:
         """The kill ladder: Shutdown{grace} → SIGTERM → SIGKILL → reap. Returns the exit code."""
@@ -169,9 +211,33 @@ class ChildProcess:
         return code
 
     async def _reap(self) -> int:
+        await self.exited()
+        # Whatever the child left in its group dies with it: a process a tool forked may hold the
+        # channel and stderr open (and on Python 3.11 asyncio's wait() waits for stderr to close).
+        if not self._group_killed:
+            self._group_killed = True
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # the group is empty: the child left nothing behind
+            else:
+                log.warning(events.LOG_CHILD_LEFTOVERS_KILLED, child=self.child_id, pid=self.process.pid)
         code = await self.process.wait()
         await self.channel.aclose()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         return code
+
+
+def _open_pidfd(process: Process) -> int | None:
+    """A pidfd of the just-started child; None without pidfds, or if it is already gone."""
+    if not hasattr(os, "pidfd_open") or process.returncode is not None:
+        return None
+    try:
+        return os.pidfd_open(process.pid)
+    except OSError:
+        return None
 
 
 class FrameSink(Protocol):
@@ -250,6 +316,7 @@ class Child:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(process.pump_stderr, self._stderr_line)
+                tg.start_soon(self._watch_exit, process)
                 if await self._handshake(process, spawn, settings().spawn_timeout):
                     self.ready.set()
                     log.info(events.LOG_CHILD_READY, child=self.id, pid=process.pid, generation=self.generation)
@@ -275,6 +342,12 @@ class Child:
             return False
         self.generation = frame.generation
         return True
+
+    async def _watch_exit(self, process: ChildProcess) -> None:
+        """The child's exit is its death even while its channel is still open (a process it forked
+        inherited the socket): the frames it wrote before it died are read, then the channel ends."""
+        await process.exited()
+        process.stop_reading()
 
     async def _ping_loop(self, process: ChildProcess, settings: Callable[[], SupervisorSettings]) -> None:
         seq = 0

@@ -96,7 +96,7 @@ class Pool:
         self._spawn_failures = 0
         self._start_error: str | None = None  # the last child's reason for not becoming Ready
         self._stopping = False
-        self._next_idle_scan = 0.0
+        self._last_idle_scan = -math.inf  # when the idle scan last ran (monotonic)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -108,7 +108,10 @@ class Pool:
             while not self._stopping:
                 await self._maintain()
                 self._changed = anyio.Event()
-                with anyio.move_on_after(self._idle_check_interval()):
+                # Until the next idle scan is due, or a change wakes us: a reload of the pool keys
+                # is one (``changed``), and the due time is computed again from the running
+                # ``idle_unload`` on every pass, so lowering it applies at once.
+                with anyio.move_on_after(max(0.0, self._idle_scan_due() - time.monotonic())):
                     await self._changed.wait()
             tg.cancel_scope.cancel()
 
@@ -280,8 +283,8 @@ class Pool:
         # this loop, and per-turn work must not grow with the number of loaded sessions), but at
         # once while a child drains.
         now = time.monotonic()
-        if now >= self._next_idle_scan or any(c.role is ChildRole.DRAINING for c in self.children.values()):
-            self._next_idle_scan = now + self._idle_check_interval()
+        if now >= self._idle_scan_due() or any(c.role is ChildRole.DRAINING for c in self.children.values()):
+            self._last_idle_scan = now
             await self._unload_idle()
 
     async def _unload_idle(self) -> None:
@@ -310,6 +313,11 @@ class Pool:
         await self.unload(session_id)
         self._owner.session_unloaded(session_id)
         return True
+
+    def _idle_scan_due(self) -> float:
+        """When the next idle scan is due: from the last scan, at the interval the running settings give
+        (not one fixed when the scan ran, which would keep a reload's lower ``idle_unload`` waiting)."""
+        return self._last_idle_scan + self._idle_check_interval()
 
     def _idle_check_interval(self) -> float:
         idle_unload = self._settings().idle_unload
