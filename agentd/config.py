@@ -335,6 +335,12 @@ def _leaf_message(error: msgspec.ValidationError) -> str:
     return str(error).split(" - at `", 1)[0]
 
 
+def _error_path(error: msgspec.ValidationError) -> str:
+    """The field path msgspec names (`` - at `$.a[0].b` ``) in ours (``a[0].b``); "" if none."""
+    found = re.search(r"`\$\.?([^`]*)`$", str(error))  # "... - at `$.a`" or "... - at `key` in `$.a`"
+    return found.group(1) if found else ""
+
+
 def _normalize(value: Any, annotation: Any, path: str, issues: list[ConfigIssue]) -> Any:
     """Check ``value`` against ``annotation``; return it with durations converted, recording issues."""
     origin = typing.get_origin(annotation)
@@ -383,6 +389,11 @@ def _normalize(value: Any, annotation: Any, path: str, issues: list[ConfigIssue]
         if not isinstance(value, dict):
             issues.append(ConfigIssue(path, f"expected a table, got {_kind(value)}"))
             return value
+        for key in value:  # keys have rules too (``headers_from``: header names), reported at the table
+            try:
+                msgspec.convert(key, args[0])
+            except msgspec.ValidationError as exc:
+                issues.append(ConfigIssue(path, f"invalid key {key!r}: {_leaf_message(exc)}"))
         return {key: _normalize(item, args[1], f"{path}.{key}", issues) for key, item in value.items()}
     if annotation is Any:
         _check_wire_value(value, path, issues, depth=1)
@@ -656,8 +667,8 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         raise ConfigError(issues, source)
     try:
         config = msgspec.convert(normalized, Config)
-    except msgspec.ValidationError as exc:  # a case the field walk missed; still name it
-        raise ConfigError([ConfigIssue("", _leaf_message(exc))], source) from None
+    except msgspec.ValidationError as exc:  # a case the field walk missed; still name it, at its path
+        raise ConfigError([ConfigIssue(_error_path(exc), _leaf_message(exc))], source) from None
     semantic = _semantic_issues(config)
     if semantic:
         raise ConfigError(semantic, source)

@@ -5,7 +5,10 @@ A child runs third-party tool code, so it gets an allowlist, not the daemon's wh
 the variables a Python process and an HTTP client need (``BASE_NAMES``, ``LC_*``), the operator's
 ``[supervisor] pass_env`` names and patterns, and the variables the config itself names
 (``api_key_env``). Everything else — the API token, cloud credentials, the store password — stays
-in the supervisor (``withheld``: even a ``pass_env`` pattern cannot reach those). Pure functions over a mapping, so they are tested without processes.
+in the supervisor (``withheld``: even a ``pass_env`` pattern cannot reach those, nor the variables
+of MCP servers' ``env_from``/``headers_from``, which reach a child in its frames only).
+``secret_values`` are the values no log line, tool result, answer or stored row may carry
+(``agentd.redact.SECRETS``). Pure functions over a mapping, so they are tested without processes.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import fnmatch
 from collections.abc import Iterable, Mapping
 
 from agentd.config import Config
+from agentd.redact import SECRETS
 
 #: Always passed when set: the interpreter, locale, temp dir, CA bundle and proxy settings.
 BASE_NAMES: frozenset[str] = frozenset(
@@ -57,10 +61,23 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def withheld(config: Config) -> frozenset[str]:
-    """Never given to a child, whatever ``pass_env`` says: the API token and the store's password."""
+def supervisor_only(config: Config) -> frozenset[str]:
+    """Never given to a child in any way: the API token and the store's password."""
     password = config.store.password_env
     return frozenset({"AGENTD_API_TOKEN", *([password] if password else [])})
+
+
+def mcp_names(config: Config) -> frozenset[str]:
+    """The variables ``[[mcp_servers]]`` name (``env_from``, ``headers_from``)."""
+    return frozenset(n for server in config.mcp_servers for n in (*server.env_from, *server.headers_from.values()))
+
+
+def withheld(config: Config) -> frozenset[str]:
+    """Never in a child's environment, whatever ``pass_env`` says: the API token, the store's
+    password, and the MCP servers' secrets (those reach the child in its frames, for the MCP
+    connections only, so that no tool can read them — RFC 0000 §4). A variable that is also an
+    ``api_key_env`` is the exception: the provider reads that one from the environment."""
+    return supervisor_only(config) | (mcp_names(config) - named_by(config))
 
 
 def passed_through(environ: Mapping[str, str], config: Config) -> dict[str, str]:
@@ -80,6 +97,26 @@ def child_environment(environ: Mapping[str, str], config: Config) -> dict[str, s
 def mcp_secrets(environ: Mapping[str, str], config: Config) -> dict[str, str]:
     """The values of the variables ``[[mcp_servers]]`` name (``env_from``, ``headers_from``), sent in
     ``spawn``/``swap_intel.secrets`` (RFC 0008 §3); never the withheld ones."""
-    hidden = withheld(config)
-    names = {n for server in config.mcp_servers for n in (*server.env_from, *server.headers_from.values())}
-    return {name: environ[name] for name in sorted(names) if name in environ and name not in hidden}
+    hidden = supervisor_only(config)
+    return {name: environ[name] for name in sorted(mcp_names(config)) if name in environ and name not in hidden}
+
+
+def secret_values(environ: Mapping[str, str], config: Config) -> set[str]:
+    """Every secret value ``config`` makes agentd hold, read from ``environ``: the API token, the
+    store's password, the ``api_key_env`` keys, and the MCP servers' ``env``, ``env_from`` and
+    ``headers_from`` values. A header value of the form ``Scheme credentials`` (``Bearer …``)
+    counts its credentials too: a server may quote the token without its scheme."""
+    names = supervisor_only(config) | named_by(config) | mcp_names(config)
+    values = {environ[name] for name in names if environ.get(name)}
+    values.update(value for server in config.mcp_servers for value in server.env.values())
+    for server in config.mcp_servers:
+        for name in server.headers_from.values():
+            scheme, _, credentials = environ.get(name, "").strip().partition(" ")
+            if scheme and credentials.strip():
+                values.add(credentials.strip())
+    return values
+
+
+def register_secrets(environ: Mapping[str, str], config: Config) -> None:
+    """Add ``config``'s secret values to this process's scrubber (``agentd.redact.SECRETS``)."""
+    SECRETS.add(secret_values(environ, config))

@@ -73,6 +73,9 @@ LOG_PROTOCOL_ERROR: Final = "protocol.error"
 LOG_CHILD_READY: Final = "child.ready"
 LOG_CHILD_EXIT: Final = "child.exit"
 LOG_CHILD_STDERR: Final = "child.stderr"
+# Lines of one kind a child sent faster than the limit (its raw stderr, a library's log records):
+# how many were not logged in the window that ended (RFC 0000 §8).
+LOG_DROPPED: Final = "log.dropped"
 LOG_CHILD_SHUTDOWN: Final = "child.shutdown"
 # A reaped child had left processes in its process group (a tool's subprocess): they were killed.
 LOG_CHILD_LEFTOVERS_KILLED: Final = "child.leftovers_killed"

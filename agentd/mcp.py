@@ -31,7 +31,7 @@ import msgspec
 from agentd.causes import iter_causes
 from agentd.config import McpServer
 from agentd.obs import get_logger
-from agentd.redact import redact_url
+from agentd.redact import Secrets, redact_url
 from agentd.tools import ToolOutcome, ToolSpec
 
 __all__ = [
@@ -462,14 +462,16 @@ async def check_servers(config: Any, environ: Mapping[str, str]) -> tuple[list[S
     assistant that the model would see under one name (at ``assistants[i].tools[k]``).
     """
     from agentd.config import ConfigIssue
+    from agentd.environment import secret_values
 
     listings: dict[str, dict[str, McpToolInfo] | str] = {}
+    secrets = Secrets(secret_values(environ, config))  # a server may quote its credential in an error
 
     async def one(server: McpServer) -> None:
         try:
             listings[server.name] = await list_server_tools(server, environ)
         except McpUnavailable as exc:
-            listings[server.name] = str(exc)
+            listings[server.name] = secrets.scrub(str(exc))
 
     async with anyio.create_task_group() as tg:
         for server in config.mcp_servers:

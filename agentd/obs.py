@@ -1,18 +1,24 @@
 """Observability: structlog configuration shared by supervisor and children.
 
 JSON lines when the stream is not a TTY (journald, Kubernetes), a readable console otherwise.
-Event names come from agentd.events; secrets never reach a log call (providers redact first).
+Event names come from agentd.events. No line carries a secret value: every line passes
+``agentd.redact.scrub_log_secrets`` before it is rendered, whatever field it is in.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Literal, TextIO
 
 import structlog
 
-__all__ = ["LogFormat", "Metrics", "configure_logging", "get_logger"]
+from agentd.redact import scrub_log_secrets
+
+__all__ = ["LogFormat", "LogLimiter", "Metrics", "configure_logging", "get_logger"]
 
 LogFormat = Literal["json", "console", "auto"]
 
@@ -32,6 +38,7 @@ def configure_logging(
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            scrub_log_secrets,  # last before rendering: every field, a formatted traceback included
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
@@ -81,6 +88,56 @@ def get_logger(component: str) -> structlog.typing.FilteringBoundLogger:
     # bound logger, so name that type here.
     logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(component=component)
     return logger
+
+
+@dataclass
+class _Window:
+    start: float
+    logged: int = 0
+    dropped: int = 0
+
+
+class LogLimiter:
+    """At most ``limit`` lines of one kind (``key``) in each ``window`` seconds; the rest are counted.
+
+    For lines whose number someone else decides: a child's stderr, a library's log records (a stdio
+    MCP server that writes what is not JSON to its stdout makes the SDK log one error per line,
+    tens of thousands a second). ``due`` says how many lines of each kind were dropped in windows
+    that have ended — the caller logs that count, so nothing disappears without a trace. Pure: the
+    clock is injected, and nothing here depends on when ``due`` is called except when counts are
+    reported.
+    """
+
+    def __init__(self, limit: int = 100, window: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self.window = limit, window
+        self._clock = clock
+        self._windows: dict[Hashable, _Window] = {}
+        self._due: list[tuple[Hashable, int]] = []
+
+    def admit(self, key: Hashable) -> bool:
+        """Whether a line of kind ``key`` may be logged now (False: it is counted as dropped)."""
+        now = self._clock()
+        window = self._windows.get(key)
+        if window is None or now - window.start >= self.window:
+            if window is not None and window.dropped:
+                self._due.append((key, window.dropped))
+            window = self._windows[key] = _Window(now)
+        if window.logged < self.limit:
+            window.logged += 1
+            return True
+        window.dropped += 1
+        return False
+
+    def due(self, *, everything: bool = False) -> list[tuple[Hashable, int]]:
+        """The drop counts to report: of every window that has ended (``everything``: of all)."""
+        now = self._clock()
+        for key, window in list(self._windows.items()):
+            if everything or now - window.start >= self.window:
+                del self._windows[key]  # an idle kind costs nothing until it logs again
+                if window.dropped:
+                    self._due.append((key, window.dropped))
+        due, self._due = self._due, []
+        return due
 
 
 class Metrics:

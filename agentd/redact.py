@@ -1,10 +1,96 @@
-"""URLs fit for error messages and logs: the one place that decides what of a URL may be shown."""
+"""What may be shown in error messages, logs, tool results and the store: the one place that decides.
+
+Two tools. ``redact_url`` shows a URL without the parts that may carry secrets. ``Secrets`` knows
+the secret *values* agentd holds — the API token, the store password, ``api_key_env`` keys, MCP
+``env``/``env_from``/``headers_from`` values (``agentd.environment.secret_values``) — and replaces
+each with ``[redacted]`` wherever it appears, as the providers always did for their key. A process
+keeps one registry, ``SECRETS``: the structlog processor ``scrub_log_secrets`` applies it to every
+log line (supervisor and children alike), a child applies it to every tool result before the
+result is journaled, stored or returned (``agentd.child.journal``).
+"""
 
 from __future__ import annotations
 
+import re
+import threading
+from collections.abc import Iterable, MutableMapping
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-__all__ = ["redact_database_url", "redact_url"]
+__all__ = [
+    "MIN_SECRET_LENGTH",
+    "REDACTED",
+    "SECRETS",
+    "Secrets",
+    "redact_database_url",
+    "redact_url",
+    "scrub_log_secrets",
+]
+
+#: What a secret value is replaced with (the providers' word for it since the start).
+REDACTED = "[redacted]"
+#: Shorter values are not scrubbed: replacing every "1" or "on" in every log line and tool result
+#: would garble them and hide nothing (a value that short is no secret worth the name).
+MIN_SECRET_LENGTH = 6
+
+
+class Secrets:
+    """A set of secret values, and ``scrub`` that replaces each wherever it appears.
+
+    Values only ever accumulate: a reload's new secrets are added and the old ones kept, because a
+    line about the old generation (a child still on it, a connection closing) may quote them yet.
+    Safe to use from several threads (the standard-library log handler runs on any thread).
+    """
+
+    def __init__(self, values: Iterable[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self._values: frozenset[str] = frozenset()
+        self._pattern: re.Pattern[str] | None = None
+        self.add(values)
+
+    def add(self, values: Iterable[str]) -> None:
+        """Scrub ``values`` from now on (those shorter than ``MIN_SECRET_LENGTH`` are ignored)."""
+        new = {value for value in values if len(value) >= MIN_SECRET_LENGTH}
+        with self._lock:
+            if new <= self._values:
+                return
+            self._values = self._values | new
+            # Longest first: a secret that contains another is replaced whole, not in pieces.
+            ordered = sorted(self._values, key=lambda v: (-len(v), v))
+            self._pattern = re.compile("|".join(re.escape(value) for value in ordered))
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every known secret replaced by ``[redacted]``."""
+        pattern = self._pattern  # one read: a concurrent add swaps in a whole new pattern
+        return text if pattern is None else pattern.sub(REDACTED, text)
+
+    def scrub_value(self, value: Any) -> Any:
+        """``value`` with every string in it scrubbed (dicts, lists and tuples are walked; keys too)."""
+        if self._pattern is None:
+            return value
+        if isinstance(value, str):
+            return self.scrub(value)
+        if isinstance(value, dict):
+            return {self.scrub_value(k): self.scrub_value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self.scrub_value(item) for item in value)
+        return value
+
+
+#: This process's secrets (the supervisor registers its config's at start and at each reload, a
+#: child those of its spawn and each swap_intel).
+SECRETS = Secrets()
+
+
+def scrub_log_secrets(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: no log line carries a value of ``SECRETS``, whatever field it is in."""
+    if len(SECRETS):
+        for key, value in list(event_dict.items()):
+            event_dict[key] = SECRETS.scrub_value(value)
+    return event_dict
 
 
 def redact_url(url: str) -> str:

@@ -3,7 +3,8 @@
 
 It checks, in order, and reports every issue found with its path:
 
-1. the file and its schema and references (``agentd.config``: bounded read, every field);
+1. the file and its schema and references (``agentd.config``: bounded read, every field), and
+   that every variable the MCP servers name is set (``mcp_env_issues``);
 2. the tools, resolved the way a child resolves them (MCP tools, ``server:tool``, are not: their
    names come from the server when a child connects; ``agentd check-config --connect`` does that). ``module:function`` references are imported
    in a fresh ``python -P -m agentd.validate`` process with the children's environment — ``-P``
@@ -42,10 +43,16 @@ from agentd.config import (
     parse_config,
     read_config_text,
 )
-from agentd.environment import child_environment
+from agentd.environment import child_environment, supervisor_only
 from agentd.mcp import is_mcp_ref
 
-__all__ = ["abort_tool_checks", "resolve_tool_lists", "tool_issues", "validate_config_file"]
+__all__ = [
+    "abort_tool_checks",
+    "mcp_env_issues",
+    "resolve_tool_lists",
+    "tool_issues",
+    "validate_config_file",
+]
 
 #: Left over after a timed-out check was killed: how long its output may take to arrive.
 _AFTER_KILL_SECONDS = 2.0
@@ -93,6 +100,7 @@ def validate_config_file(
     try:
         config = parse_config(text, str(path))
         issues: list[ConfigIssue] = _option_issues(config)
+        issues.extend(mcp_env_issues(config, os.environ if environ is None else environ))
         tool_lists = [list(a.tools) for a in config.assistants]
         servers = [server.name for server in config.mcp_servers]
         timeout = config.supervisor.spawn_timeout
@@ -163,6 +171,37 @@ def _option_issues(config: Config) -> list[ConfigIssue]:
             field = f"{where}.options.{key}"
             issues.setdefault(field, ConfigIssue(field, f"invalid {effective.provider} option: {message}"))
     return list(issues.values())
+
+
+def mcp_env_issues(config: Config, environ: Mapping[str, str]) -> list[ConfigIssue]:
+    """Each variable an ``[[mcp_servers]]`` entry names (``env_from``, ``headers_from``) that
+    ``environ`` does not have, or that is the daemon's own secret, at its path.
+
+    An error, not a warning, and the same at start-up, reload and ``check-config``: the daemon reads
+    these from its own environment, which cannot change after it started, so a config naming a
+    variable it does not have could never work until a restart — and applied, it would only show
+    as a server that is "unavailable" when a turn first needs it.
+    """
+    own = supervisor_only(config)
+    issues: list[ConfigIssue] = []
+    for i, server in enumerate(config.mcp_servers):
+        named = [(f"env_from[{k}]", name) for k, name in enumerate(server.env_from)]
+        named += [(f"headers_from.{header}", name) for header, name in server.headers_from.items()]
+        for field, name in named:
+            path = f"mcp_servers[{i}].{field}"
+            if name in own:
+                issues.append(
+                    ConfigIssue(path, f"{name} is the daemon's own secret; it is never given to an MCP server")
+                )
+            elif name not in environ:
+                issues.append(
+                    ConfigIssue(
+                        path,
+                        f"the environment variable {name} is not set (MCP server {server.name!r} needs it; "
+                        "the daemon reads it from the environment it was started with)",
+                    )
+                )
+    return issues
 
 
 def _frame_issues(config: Config) -> list[ConfigIssue]:

@@ -1,10 +1,13 @@
 """A streamable-HTTP MCP server for the fault tests, built on the SDK's own ``MCPServer``.
 
 ``python tests/mcp_fault_server.py --port P --tag T [--log F] [--require-auth VALUE]`` serves on
-127.0.0.1:P until killed (``--stdio`` instead: over stdin/stdout, for the bench). Tools: ``echo`` (read-only; answers ``T:text``), ``slow`` (read-only;
+127.0.0.1:P until killed (``--stdio`` instead: over stdin/stdout, for the bench and the stdio tests;
+``--noise N`` then first writes N lines that are not JSON to stdout, ``--leak-env NAME`` the value
+of the variable NAME to stderr). Tools: ``echo`` (read-only; answers ``T:text``), ``slow`` (read-only;
 sleeps), ``hold`` (side-effecting; sleeps), ``fail`` (an ``isError`` result), ``die`` (the process exits mid-call) and ``append``
 (side-effecting; appends a line to the log). With ``--require-auth``, a request whose
-``Authorization`` header is not exactly VALUE is refused with 401. Every call and every
+``Authorization`` header is not exactly VALUE is refused with 401 (``--echo-auth``: a JSON-RPC error
+quoting the header it got, as careless servers do). Every call and every
 cancellation is written to the log file, so a test can see what the server saw.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 from typing import Any
 
 import anyio
@@ -20,7 +24,7 @@ import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
-from starlette.responses import PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 
@@ -83,13 +87,19 @@ def build(tag: str, log_path: str | None) -> MCPServer:
 class RequireAuth:
     """ASGI middleware: 401 unless the Authorization header is exactly ``expected``."""
 
-    def __init__(self, app: Any, expected: str) -> None:
-        self.app, self.expected = app, expected
+    def __init__(self, app: Any, expected: str, echo: bool = False) -> None:
+        self.app, self.expected, self.echo = app, expected, echo
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or [])
-            if headers.get(b"authorization", b"").decode() != self.expected:
+            got = headers.get(b"authorization", b"").decode()
+            if got != self.expected:
+                if self.echo:  # a JSON-RPC error, which the SDK hands on as the reason
+                    error = {"code": -32001, "message": f"unauthorized: {got!r} is not a valid credential"}
+                    body = {"jsonrpc": "2.0", "id": None, "error": error}
+                    await JSONResponse(body, status_code=401)(scope, receive, send)
+                    return
                 await PlainTextResponse("unauthorized", status_code=401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -102,13 +112,21 @@ def main() -> None:
     parser.add_argument("--tag", default="faults")
     parser.add_argument("--log", default=None)
     parser.add_argument("--require-auth", default=None)
+    parser.add_argument("--echo-auth", action="store_true")
+    parser.add_argument("--noise", type=int, default=0)
+    parser.add_argument("--leak-env", default=None)
     args = parser.parse_args()
     if args.stdio:
+        if args.leak_env:
+            print(f"{args.leak_env}={os.environ.get(args.leak_env, '')}", file=sys.stderr, flush=True)
+        for i in range(args.noise):
+            print(f"noise line {i}: this is not JSON", flush=False)
+        sys.stdout.flush()
         build(args.tag, args.log).run()
         return
     asgi: Any = build(args.tag, args.log).streamable_http_app()
     if args.require_auth is not None:
-        asgi = RequireAuth(asgi, args.require_auth)
+        asgi = RequireAuth(asgi, args.require_auth, args.echo_auth)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tests.daemon_harness import TIMEOUT, free_port, wait_until
 
@@ -15,14 +16,22 @@ HERE = Path(__file__).resolve().parent
 TIME_COMMAND = [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]
 
 
+def stdio_fault_command(*extra: str) -> list[str]:
+    """The fault server over stdio (started by each child that needs it), with ``extra`` flags."""
+    return [sys.executable, str(HERE / "mcp_fault_server.py"), "--stdio", *extra]
+
+
 class FaultServer:
     """One fault server process on a fixed loopback port (so a restart comes back at the same URL)."""
 
-    def __init__(self, tmp: Path, *, tag: str = "faults", require_auth: str | None = None) -> None:
+    def __init__(
+        self, tmp: Path, *, tag: str = "faults", require_auth: str | None = None, echo_auth: bool = False
+    ) -> None:
         self.port = free_port()
         self.tag = tag
         self.log_path = tmp / f"mcp-{tag}-{self.port}.log"
         self.require_auth = require_auth
+        self.echo_auth = echo_auth
         self.process: subprocess.Popen[str] | None = None
 
     @property
@@ -35,6 +44,8 @@ class FaultServer:
         command += ["--log", str(self.log_path)]
         if self.require_auth is not None:
             command += ["--require-auth", self.require_auth]
+        if self.echo_auth:
+            command.append("--echo-auth")
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert self.process.stdout is not None
         line = self.process.stdout.readline()  # printed once the socket listens
@@ -64,8 +75,8 @@ class FaultServer:
 
 
 @contextmanager
-def fault_server(tmp: Path, **kwargs: str | None) -> Iterator[FaultServer]:
-    server = FaultServer(tmp, **kwargs)  # type: ignore[arg-type]
+def fault_server(tmp: Path, **kwargs: Any) -> Iterator[FaultServer]:
+    server = FaultServer(tmp, **kwargs)
     try:
         yield server.start()
     finally:

@@ -6,7 +6,9 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Annotated
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -758,6 +760,12 @@ def test_mcp_servers_parse_with_their_defaults() -> None:
         ('name = "x"\ncommand = ["a"]\nenv_from = ["not a name"]', "mcp_servers[0].env_from[0]", ""),
         ('name = "x"\ncommand = ["a"]\ncall_timeout = "soon"', "mcp_servers[0].call_timeout", "invalid duration"),
         ('name = "x:y"\ncommand = ["a"]', "mcp_servers[0].name", ""),
+        (
+            'name = "x"\nurl = "http://h/mcp"\nheaders_from = { "Bad Header" = "B" }',
+            "mcp_servers[0].headers_from",
+            "'Bad Header'",
+        ),
+        ('name = "x"\nurl = "http://h/mcp"\nheaders_from = { A = "not a name" }', "mcp_servers[0].headers_from.A", ""),
     ],
 )
 def test_mcp_server_errors_name_the_field(server: str, path: str, message: str) -> None:
@@ -779,3 +787,17 @@ def test_duplicate_mcp_server_names_are_refused() -> None:
         '[[mcp_servers]]\nname = "a"\ncommand = ["x"]\n[[mcp_servers]]\nname = "a"\nurl = "http://h/mcp"\n'
     )
     assert "duplicate MCP server name" in issues["mcp_servers[1].name"]
+
+
+class _Inner(msgspec.Struct):
+    table: dict[Annotated[str, msgspec.Meta(pattern="^a$")], int] = {}
+    items: list[int] = []
+
+
+def test_a_schema_error_the_field_walk_missed_is_still_reported_at_msgspecs_path() -> None:
+    from agentd.config import _error_path
+
+    for value, path in [({"table": {"x": 1}}, "table"), ({"items": [1, "x"]}, "items[1]"), (3, "")]:
+        with pytest.raises(msgspec.ValidationError) as error:
+            msgspec.convert(value, _Inner)
+        assert _error_path(error.value) == path

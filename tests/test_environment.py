@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentd.config import ConfigError, parse_config
-from agentd.environment import child_environment, named_by, passed_through
+from agentd.environment import child_environment, mcp_secrets, named_by, passed_through, secret_values
 
 DAEMON_ENV = {
     "PATH": "/usr/bin",
@@ -102,3 +102,65 @@ def test_a_config_that_names_the_api_token_as_a_key_still_does_not_pass_it() -> 
     config = parse_config('[intelligence]\napi_key_env = "AGENTD_API_TOKEN"\n[[assistants]]\nname = "a"\n')
     assert "AGENTD_API_TOKEN" not in child_environment(DAEMON_ENV, config)
     assert "AGENTD_API_TOKEN" not in passed_through(DAEMON_ENV, config)
+
+
+MCP_CONFIG = """
+[intelligence]
+api_key_env = "OPENAI_KEY"
+
+[supervisor]
+pass_env = ["MCP_*", "OPENAI_KEY", "SHARED_KEY", "AGENTD_API_TOKEN"]
+
+[[mcp_servers]]
+name = "files"
+command = ["files-server"]
+env = { MODE = "read-only-mode" }
+env_from = ["MCP_FILES_TOKEN", "SHARED_KEY"]
+
+[[mcp_servers]]
+name = "crm"
+url = "http://crm/mcp"
+headers_from = { Authorization = "MCP_CRM_AUTH" }
+
+[[assistants]]
+name = "a"
+intelligence = { api_key_env = "SHARED_KEY" }
+"""
+
+MCP_ENV = {
+    **DAEMON_ENV,
+    "MCP_FILES_TOKEN": "files-token-1",
+    "MCP_CRM_AUTH": "Bearer crm-token-2",
+    "MCP_OTHER": "plain",
+    "SHARED_KEY": "shared-key-3",
+}
+
+
+def test_pass_env_cannot_hand_an_mcp_secret_to_a_child() -> None:
+    """MCP secrets reach a child in its frames only; a variable that is also an api_key_env is the
+    provider's, so it stays in the environment (RFC 0000 §4)."""
+    config = parse_config(MCP_CONFIG)
+    env = child_environment(MCP_ENV, config)
+    assert "MCP_FILES_TOKEN" not in env and "MCP_CRM_AUTH" not in env and "AGENTD_API_TOKEN" not in env
+    assert env["MCP_OTHER"] == "plain" and env["SHARED_KEY"] == "shared-key-3"
+    assert "MCP_FILES_TOKEN" not in passed_through(MCP_ENV, config)
+    assert mcp_secrets(MCP_ENV, config) == {
+        "MCP_CRM_AUTH": "Bearer crm-token-2",
+        "MCP_FILES_TOKEN": "files-token-1",
+        "SHARED_KEY": "shared-key-3",
+    }
+
+
+def test_secret_values_are_every_value_the_config_makes_agentd_hold() -> None:
+    config = parse_config(MCP_CONFIG)
+    values = secret_values({**MCP_ENV, "AGENTD_STORE_PASSWORD": "db-password"}, config)
+    assert values == {
+        "api-token",  # AGENTD_API_TOKEN
+        "db-password",
+        "sk-openai",
+        "shared-key-3",
+        "files-token-1",
+        "Bearer crm-token-2",
+        "crm-token-2",  # the credentials of a "Scheme credentials" header, on their own
+        "read-only-mode",  # an MCP server's env
+    }

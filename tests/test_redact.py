@@ -54,3 +54,39 @@ def test_the_cli_client_names_its_daemon_with_it() -> None:
         assert client.where == "http://127.0.0.1:8400/"
         assert "pw" not in repr(client)
         assert "abc" not in repr(client)
+
+
+# --------------------------------------------------------------------------- Secrets
+
+
+def test_secrets_are_replaced_wherever_they_appear_and_short_values_are_not() -> None:
+    from agentd.redact import MIN_SECRET_LENGTH, REDACTED, Secrets
+
+    secrets = Secrets(["sk-live-123456", "on", "", "x" * (MIN_SECRET_LENGTH - 1)])
+    assert secrets.scrub("key sk-live-123456 is on") == f"key {REDACTED} is on"
+    assert secrets.scrub("xxxxx stays") == "xxxxx stays"
+    assert secrets.scrub_value({"a": ["sk-live-123456", 3, ("sk-live-123456",)]}) == {"a": [REDACTED, 3, (REDACTED,)]}
+
+
+def test_a_secret_that_contains_another_is_replaced_whole() -> None:
+    from agentd.redact import REDACTED, Secrets
+
+    secrets = Secrets(["token-abc"])
+    secrets.add(["Bearer token-abc-long"])
+    assert secrets.scrub("got 'Bearer token-abc-long' and token-abc") == f"got '{REDACTED}' and {REDACTED}"
+    assert len(secrets) == 2
+
+
+def test_the_log_processor_scrubs_every_field_of_a_line() -> None:
+    from agentd.redact import REDACTED, SECRETS, scrub_log_secrets
+
+    SECRETS.add(["processor-s3cret"])
+    line = scrub_log_secrets(None, "info", {"event": "x", "error": "bad processor-s3cret", "n": 1})
+    assert line == {"event": "x", "error": f"bad {REDACTED}", "n": 1}
+
+
+@given(st.text(min_size=6, max_size=20), st.text(max_size=30), st.text(max_size=30))
+def test_no_text_around_a_secret_lets_it_through(secret: str, before: str, after: str) -> None:
+    from agentd.redact import Secrets
+
+    assert secret not in Secrets([secret]).scrub(before + secret + after)

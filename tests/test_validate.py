@@ -114,3 +114,37 @@ def test_the_api_token_is_not_passed_to_the_check(tmp_path: Path) -> None:
 
 def test_duplicate_tool_names_within_an_assistant_are_refused() -> None:
     assert validate.resolve_tool_lists([["clock", "clock"], ["clock"]]) == [(0, "two tools are named 'clock'")]
+
+
+MCP_SECRETS = """
+[[mcp_servers]]
+name = "files"
+command = ["files-server"]
+env_from = ["FILES_TOKEN", "MISSING_TOKEN", "AGENTD_API_TOKEN"]
+
+[[mcp_servers]]
+name = "crm"
+url = "http://crm/mcp"
+headers_from = { Authorization = "CRM_AUTH" }
+
+[[assistants]]
+name = "a"
+"""
+
+
+def test_an_mcp_variable_that_is_not_set_or_is_the_daemons_own_is_an_error_at_its_path(tmp_path: Path) -> None:
+    """The same check at start-up, reload and check-config: the daemon's environment cannot change."""
+    path = write(tmp_path / "agentd.toml", MCP_SECRETS)
+    config, issues = validate_config_file(path, environ={"FILES_TOKEN": "x"})
+    assert config is None
+    found = {issue.path: issue.message for issue in issues}
+    assert set(found) == {
+        "mcp_servers[0].env_from[1]",
+        "mcp_servers[0].env_from[2]",
+        "mcp_servers[1].headers_from.Authorization",
+    }
+    assert "MISSING_TOKEN is not set" in found["mcp_servers[0].env_from[1]"]
+    assert "never given to an MCP server" in found["mcp_servers[0].env_from[2]"]
+    assert "CRM_AUTH is not set" in found["mcp_servers[1].headers_from.Authorization"]
+    env = {"FILES_TOKEN": "x", "MISSING_TOKEN": "", "CRM_AUTH": "y"}  # set, even empty: fine
+    assert [i.path for i in validate_config_file(path, environ=env)[1]] == ["mcp_servers[0].env_from[2]"]

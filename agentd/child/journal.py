@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agentd.budget import call_key
 from agentd.messages import ToolCall
 from agentd.obs import get_logger
 from agentd.protocol import JournalFinish, JournalStart
 from agentd.records import JournalEntry
+from agentd.redact import SECRETS
 from agentd.tools import AnyTool, ToolOutcome
 
 __all__ = ["OUTCOME_UNKNOWN", "REPLAYED", "JournalWrite", "ToolLedger"]
@@ -72,7 +74,7 @@ class ToolLedger:
     async def run(self, call: ToolCall, tool: AnyTool) -> tuple[ToolOutcome, str | None]:
         """The outcome of ``call``, and how it came about (``REPLAYED``, ``OUTCOME_UNKNOWN``, None = ran now)."""
         if tool.spec.side_effect_free:
-            return await tool.invoke(call.arguments), None
+            return await _invoke(tool, call.arguments), None
         key = call_key(call.name, call.arguments)
         earlier = next((c for c in self._calls if c.key == key and c.seq not in self._taken), None)
         if earlier is not None:
@@ -92,7 +94,7 @@ class ToolLedger:
         record = _Call(entry.seq, key, None)
         self._calls.append(record)
         self._taken.add(record.seq)
-        outcome = await tool.invoke(call.arguments)
+        outcome = await _invoke(tool, call.arguments)
         record.outcome = outcome
         if self._write is not None:
             finished = JournalEntry(
@@ -107,3 +109,12 @@ class ToolLedger:
             if error is not None:  # it ran; a later run will find its outcome unknown
                 log.error("tool.journal_failed", session=self.session, turn=self.turn, tool=call.name, error=error)
         return outcome
+
+
+async def _invoke(tool: AnyTool, arguments: dict[str, Any]) -> ToolOutcome:
+    """Run the tool; its result without the secrets this child holds. Every result a tool gives
+    passes here, before it is journaled, committed or streamed, so neither the store nor the API
+    ever holds one (an MCP server may quote its credential in an error, RFC 0008 §3)."""
+    outcome = await tool.invoke(arguments)
+    scrubbed = SECRETS.scrub(outcome.content)
+    return outcome if scrubbed == outcome.content else ToolOutcome(scrubbed, outcome.is_error)

@@ -20,6 +20,7 @@ from agentd.child.session import ChildSession
 from agentd.child.toolbox import Toolbox, build_toolbox
 from agentd.child.turn import run_turn
 from agentd.config import Config, Intelligence, intelligence_map
+from agentd.environment import register_secrets
 from agentd.mcp import McpHub
 from agentd.obs import get_logger
 from agentd.protocol import (
@@ -69,6 +70,8 @@ class ChildRuntime:
         self.environ = (
             dict(spawn.secrets.values) if spawn.secrets else {}
         )  # the values of the env vars the config names (RFC 0008 §3)
+        # Before any tool runs or anything is logged: what this child holds is scrubbed everywhere.
+        register_secrets({**os.environ, **self.environ}, spawn.config)
         self.hub: McpHub | None = None
         # Journal frames waiting for their ack: (session, turn, seq, finished) → (event, [error]).
         self._journal_waits: dict[tuple[str, str, int, bool], tuple[anyio.Event, list[str | None]]] = {}
@@ -160,6 +163,7 @@ class ChildRuntime:
             os.environ.update(frame.env.values)  # before providers and tools of the generation start
         if frame.config is not None:
             self.environ = dict(frame.secrets.values) if frame.secrets else {}
+            register_secrets({**os.environ, **self.environ}, frame.config)  # a reload's new secrets
             self._adopt_config(frame.config)
         # Which assistants swapped is decided once per assistant, not per session.
         swapped = {

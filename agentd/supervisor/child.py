@@ -34,7 +34,7 @@ from anyio.streams.text import TextReceiveStream
 
 from agentd import events
 from agentd.config import SupervisorSettings
-from agentd.obs import get_logger
+from agentd.obs import LogLimiter, get_logger
 from agentd.protocol import (
     Failed,
     Frame,
@@ -48,13 +48,21 @@ from agentd.protocol import (
     SwapAck,
     SwapsApplied,
 )
+from agentd.redact import SECRETS
 from agentd.supervisor.placement import ChildRole, ChildSnapshot
 
 __all__ = ["KILL_AFTER_TERM", "Child", "ChildProcess", "FrameSink", "SpawnError"]
 
 KILL_AFTER_TERM = 2.0
+#: The longest stderr line passed on whole (more is cut into pieces; a log line shows 4000 of it).
+MAX_STDERR_LINE = 64 * 1024
+#: Per child and kind: at most this many stderr lines (raw, or a library's log records) per window;
+#: the rest are counted and reported as ``log.dropped`` (a flooding MCP server, RFC 0008 §3).
+STDERR_LINES_PER_WINDOW = 100
+STDERR_WINDOW = 10.0
 SHUTDOWN_SEND_TIMEOUT = 1.0
 _LEVELS = ("debug", "info", "warning", "error", "critical")
+_STDLIB_EVENT = "stdlib.log"  # what agentd.obs names a standard-library log record
 _GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 log = get_logger("supervisor")
@@ -138,12 +146,23 @@ class ChildProcess:
         raise SpawnError(f"child {self.child_id} was not Ready within {timeout:g}s")
 
     async def pump_stderr(self, line_sink: Callable[[str], None]) -> None:
-        """Feed the child's stderr to ``line_sink`` line by line until it closes (keeps the pipe drained)."""
+        """Feed the child's stderr to ``line_sink`` line by line until it closes (keeps the pipe drained).
+
+        A line read in two chunks is joined first: split, a secret in it could not be recognised
+        (and scrubbed) in either half. A line longer than ``MAX_STDERR_LINE`` is passed on in pieces.
+        """
         assert self.process.stderr is not None
+        pending = ""
         async for chunk in TextReceiveStream(self.process.stderr):
-            for part in chunk.splitlines():
-                if part:
-                    line_sink(part)
+            *lines, pending = (pending + chunk).split("\n")
+            while len(pending) > MAX_STDERR_LINE:
+                lines.append(pending[:MAX_STDERR_LINE])
+                pending = pending[MAX_STDERR_LINE:]
+            for line in lines:
+                if line.strip():
+                    line_sink(line.rstrip("\r"))
+        if pending.strip():
+            line_sink(pending)
 
     async def send(self, frame: Frame) -> None:
         """Send one frame (serialized with other senders by the channel)."""
@@ -275,6 +294,7 @@ class Child:
         self._pong = anyio.Event()
         self._stopping: float | None = None  # the grace of a requested stop
         self.send_timeout = 10.0  # how long a frame may wait to be taken (the running ping_timeout)
+        self._stderr_limiter = LogLimiter(STDERR_LINES_PER_WINDOW, STDERR_WINDOW)
 
     @property
     def pid(self) -> int | None:
@@ -329,6 +349,7 @@ class Child:
                 # A child still alive here broke the protocol, stopped answering or never became
                 # Ready; a requested stop already ran its ladder. Either way: reap, no zombie.
                 self.exit_code = await process.stop(grace=0)
+            self._report_dropped(everything=True)
             log.info(events.LOG_CHILD_EXIT, child=self.id, pid=process.pid, code=self.exit_code)
             self.gone.set()
 
@@ -355,6 +376,7 @@ class Child:
             current = settings()
             self.send_timeout = current.ping_timeout
             await anyio.sleep(current.ping_interval)
+            self._report_dropped()  # the lines a flood cost in windows that have ended, even if it stopped
             seq += 1
             self._pong = anyio.Event()
             if not await self.send(Ping(seq=seq)):
@@ -435,15 +457,44 @@ class Child:
             self.process.signal(signum)
 
     def _stderr_line(self, line: str) -> None:
-        """Re-emit the child's structured log lines as our own; anything else as ``child.stderr``."""
+        """Re-emit the child's structured log lines as our own; anything else as ``child.stderr``.
+
+        Raw lines and the child's ``stdlib.log`` records (a library's, whose number a server it
+        talks to may decide) are rate-limited per kind (``STDERR_LINES_PER_WINDOW``); agentd's own
+        events never are. Secrets are scrubbed by the log processor (``agentd.redact``), and from a
+        raw line before it is cut to length, so no piece of one survives the cut.
+        """
         try:
             fields = msgspec.json.decode(line)
         except msgspec.DecodeError:
             fields = None
-        if isinstance(fields, dict) and isinstance(fields.get("event"), str):
+        key: tuple[str, ...] | None = None
+        if not (isinstance(fields, dict) and isinstance(fields.get("event"), str)):
+            fields, key = None, (events.LOG_CHILD_STDERR,)
+        elif fields["event"] == _STDLIB_EVENT:
+            key = (_STDLIB_EVENT, str(fields.get("logger", "")), str(fields.get("message", ""))[:200])
+        if key is not None and not self._stderr_limiter.admit(key):
+            return
+        self._report_dropped()
+        if fields is not None:
             level = str(fields.pop("level", "info"))
             fields.pop("timestamp", None)
             emit = getattr(log, level if level in _LEVELS else "info")
             emit(fields.pop("event"), **{"child_" + k if k == "component" else k: v for k, v in fields.items()})
             return
-        log.info(events.LOG_CHILD_STDERR, child=self.id, pid=self.pid, line=line[:4000])
+        log.info(events.LOG_CHILD_STDERR, child=self.id, pid=self.pid, line=SECRETS.scrub(line)[:4000])
+
+    def _report_dropped(self, *, everything: bool = False) -> None:
+        """Log how many lines of each kind the limit dropped, for every window that has ended."""
+        for key, dropped in self._stderr_limiter.due(everything=everything):
+            assert isinstance(key, tuple)
+            where = dict(zip(("logger", "message"), key[1:], strict=False))
+            log.warning(
+                events.LOG_DROPPED,
+                child=self.id,
+                pid=self.pid,
+                of=key[0],
+                **where,
+                dropped=dropped,
+                window=self._stderr_limiter.window,
+            )

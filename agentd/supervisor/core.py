@@ -32,7 +32,7 @@ from agentd.config import (
     quickstart_config,
     resolve_swap_policy,
 )
-from agentd.environment import child_environment, mcp_secrets, passed_through
+from agentd.environment import child_environment, mcp_secrets, passed_through, register_secrets
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
 from agentd.protocol import Cancel, ChildEnv, Spawn, SwapIntel, Watch
@@ -671,6 +671,7 @@ class Supervisor:
         try:
             # Abandoned when shutdown cancels the reload; shutdown also kills its tool check.
             new = await anyio.to_thread.run_sync(load_daemon_config, path, abandon_on_cancel=True)
+            register_secrets(os.environ, new)  # its secrets are scrubbed from here on, applied or not
             policy = resolve_swap_policy(self.options.model_swap_flag, os.environ, new.model_swap)
         except ConfigError as exc:
             result = ReloadResult(generation=self.generation, applied=False, errors=exc.issues)

@@ -38,6 +38,7 @@ from starlette.types import ASGIApp
 from agentd import events
 from agentd.api import BearerAuth, SwitchableApp, build_app, build_waiting_app
 from agentd.config import READ_TIMEOUT, Config, ConfigError, PolicyChoice, StoreSettings, resolve_swap_policy
+from agentd.environment import register_secrets
 from agentd.obs import configure_logging, get_logger
 from agentd.store import Store, StoreError, StoreUnavailable, open_store, store_location
 from agentd.supervisor.core import Supervisor, load_daemon_config
@@ -280,6 +281,7 @@ def run_daemon(options: DaemonOptions) -> int:
         where = exc.source or "config"
         lines = "\n".join(f"  {issue}" for issue in exc.issues)
         return _fail(f"invalid config ({where}):\n{lines}", EXIT_CONFIG)
+    register_secrets(os.environ, config)  # before anything is logged about the config
     state_dir = options.state_dir or Path(os.environ.get("AGENTD_STATE_DIR") or config.server.state_dir or ".agentd")
     listen = options.listen or config.server.listen
     token = os.environ.get("AGENTD_API_TOKEN", "")
