@@ -13,6 +13,11 @@ from tests import pg_harness
 from tests.store_harness import Backend, PostgresBackend, SqliteBackend
 
 
+def pytest_report_header() -> str:
+    """Which PostgreSQL the store tests use, so a CI log says which one passed (tests/pg_harness.py)."""
+    return f"postgresql: {pg_harness.describe()}"
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

