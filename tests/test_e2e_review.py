@@ -19,7 +19,6 @@ from tests.test_e2e_replicas import replicas
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.xfail(strict=True, reason="review: two processes started together with one replica id both serve")
 def test_two_replicas_started_at_once_with_one_id_are_not_both_served(tmp_path: Path, pg: PgServer) -> None:
     """Two pods given the same AGENTD_REPLICA_ID that start together (a Deployment scaled up with a
     hard-coded id, a StatefulSet pod and its stuck predecessor's replacement): each looks at the
