@@ -4,6 +4,8 @@ end to end through real daemons (see tests/test_e2e_replicas.py and tests/test_e
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import time
 import tomllib
@@ -12,8 +14,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.daemon_harness import Daemon, wait_until
+from tests.child_harness import tool_log
+from tests.daemon_harness import REPO, Daemon, pid_alive, running_daemon, wait_until
 from tests.pg_harness import PgServer
+from tests.test_e2e_pool import FORKER, grandchildren, killing_grandchildren, loaded_on, pool_config
 from tests.test_e2e_replicas import replicas
 
 pytestmark = pytest.mark.e2e
@@ -75,3 +79,42 @@ def _end(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+#: A daemon on a system without pidfds (Linux before 5.3, or a seccomp profile that refuses
+#: ``pidfd_open``, as older container runtimes' defaults do): ``os.pidfd_open`` is missing.
+NO_PIDFD = """
+import os
+if os.environ.get("AGENTD_REVIEW_NO_PIDFD") == "1" and hasattr(os, "pidfd_open"):
+    del os.pidfd_open
+"""
+
+
+@pytest.mark.xfail(
+    strict=True, reason="review: without pidfds a child's death is not noticed while a grandchild holds its channel"
+)
+def test_without_pidfds_a_child_killed_while_its_grandchild_holds_the_channel_is_replaced(tmp_path: Path) -> None:
+    """``ChildProcess.exited`` falls back to asyncio's ``wait()``, which on Python 3.11 returns only
+    once the child's pipes closed — and the grandchild holds its stderr. So the death is not
+    noticed, and the kill ladder, which reaps before it kills the group, waits on the grandchild
+    too: the turn hangs until the grandchild ends by itself (here 300 s)."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(NO_PIDFD)
+    supervisor = 'children = 1\nspare_children = 0\nspawn_timeout = "60s"\nping_interval = "1s"\nping_timeout = "1s"'
+    env = {"AGENTD_REVIEW_NO_PIDFD": "1", "PYTHONPATH": os.pathsep.join([str(shim), str(REPO)])}
+    with (
+        killing_grandchildren(tmp_path),
+        running_daemon(tmp_path, pool_config(tmp_path, supervisor=supervisor, more=FORKER), env=env) as daemon,
+    ):
+        session = daemon.new_session("forker")
+        turn_id = daemon.send(session, "please hold_with_grandchild", wait=False)["turn_id"]
+        grandchild = wait_until(lambda: grandchildren(tmp_path), "the tool to fork a grandchild")[0]
+        wait_until(lambda: any(line.startswith("held-start") for line in tool_log(tmp_path)), "the tool to hold")
+        child = loaded_on(daemon, session)
+        os.kill(child, signal.SIGKILL)
+        (tmp_path / "tool.gate").touch()
+        # Pings every second: even without exit watching, a dead child is found within seconds.
+        wait_until(lambda: any(e["pid"] == child for e in daemon.log_events("child.exit")), "the death", timeout=20)
+        assert daemon.turn(session, turn_id)["status"] == "completed"
+        wait_until(lambda: not pid_alive(grandchild), "the grandchild to be killed with its child", timeout=10)
