@@ -90,14 +90,10 @@ if os.environ.get("AGENTD_REVIEW_NO_PIDFD") == "1" and hasattr(os, "pidfd_open")
 """
 
 
-@pytest.mark.xfail(
-    strict=True, reason="review: without pidfds a child's death is not noticed while a grandchild holds its channel"
-)
 def test_without_pidfds_a_child_killed_while_its_grandchild_holds_the_channel_is_replaced(tmp_path: Path) -> None:
-    """``ChildProcess.exited`` falls back to asyncio's ``wait()``, which on Python 3.11 returns only
-    once the child's pipes closed — and the grandchild holds its stderr. So the death is not
-    noticed, and the kill ladder, which reaps before it kills the group, waits on the grandchild
-    too: the turn hangs until the grandchild ends by itself (here 300 s)."""
+    """The fallback of ``ChildProcess.exited`` (no pidfd): anyio's ``Process.wait()`` returns at the
+    exit (asyncio's own ``wait()`` on Python 3.11 would wait for the child's pipes to close, which
+    the grandchild holds): the death is noticed and the group killed as with a pidfd."""
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(NO_PIDFD)
