@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from tests.child_harness import tool_log
-from tests.daemon_harness import REPO, Daemon, pid_alive, running_daemon, wait_until
+from tests.daemon_harness import REPO, Daemon, child_pids_of, pid_alive, running_daemon, wait_until
 from tests.pg_harness import PgServer
 from tests.test_e2e_pool import FORKER, grandchildren, killing_grandchildren, loaded_on, pool_config
 from tests.test_e2e_replicas import replicas
@@ -114,3 +114,34 @@ def test_without_pidfds_a_child_killed_while_its_grandchild_holds_the_channel_is
         wait_until(lambda: any(e["pid"] == child for e in daemon.log_events("child.exit")), "the death", timeout=20)
         assert daemon.turn(session, turn_id)["status"] == "completed"
         wait_until(lambda: not pid_alive(grandchild), "the grandchild to be killed with its child", timeout=10)
+
+
+def _pidfds(pid: int) -> list[int]:
+    """The pids the process's pidfds refer to (-1: one that exited), one per pidfd."""
+    found = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) == "anon_inode:[pidfd]":
+                info = Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text()
+                found += [int(line.split()[1]) for line in info.splitlines() if line.startswith("Pid:")]
+    return found
+
+
+def test_the_supervisor_holds_one_pidfd_per_live_child_however_many_died(tmp_path: Path) -> None:
+    """Each child's pidfd (and the copies its exit watchers take) is closed once it is reaped:
+    children killed over and over leak none."""
+    (tmp_path / "hold-a").touch()
+    supervisor = 'children = 1\nspare_children = 0\nspawn_timeout = "60s"'
+    with running_daemon(tmp_path, pool_config(tmp_path, supervisor=supervisor)) as daemon:
+        assert daemon.process is not None
+        session = daemon.new_session("a")
+        for _ in range(4):
+            assert daemon.send(session, "hi")["turn"]["status"] == "completed"
+            child = loaded_on(daemon, session)
+            os.kill(child, signal.SIGKILL)
+            wait_until(lambda c=child: any(e["pid"] == c for e in daemon.log_events("child.exit")), "the child's exit")
+        assert daemon.send(session, "hi")["turn"]["status"] == "completed"
+        [live] = child_pids_of(daemon.process.pid)
+        # Its own, its exit watcher's copy and asyncio's child watcher's: of the live child only.
+        held = _pidfds(daemon.process.pid)
+        assert set(held) == {live} and len(held) <= 3, held
