@@ -18,7 +18,7 @@ from tests.child_harness import tool_log
 from tests.daemon_harness import REPO, Daemon, child_pids_of, pid_alive, running_daemon, wait_until
 from tests.pg_harness import PgServer
 from tests.test_e2e_pool import FORKER, grandchildren, killing_grandchildren, loaded_on, pool_config
-from tests.test_e2e_replicas import replicas
+from tests.test_e2e_replicas import MODEL, answers, replicas
 
 pytestmark = pytest.mark.e2e
 
@@ -145,3 +145,28 @@ def test_the_supervisor_holds_one_pidfd_per_live_child_however_many_died(tmp_pat
         # Its own, its exit watcher's copy and asyncio's child watcher's: of the live child only.
         held = _pidfds(daemon.process.pid)
         assert set(held) == {live} and len(held) <= 3, held
+
+
+def test_a_replica_restarted_while_its_old_process_is_only_paused(tmp_path: Path, pg: PgServer) -> None:
+    """The old process is frozen (SIGSTOP: a node hiccup), not dead, when its pod's id starts again:
+    the new process takes it for dead once its beats stopped for a lease, adopts its turn, and the
+    old one, resumed, commits nothing of it (its lease is another holder's now)."""
+    with replicas(tmp_path, pg, 1) as (started, hold):
+        [a] = started
+        session = a.new_session("held")
+        turn = a.send(session, "hold this", wait=False)["turn_id"]
+        a.wait_log("session.loaded", lambda r: r.get("session") == session)
+        a.signal(signal.SIGSTOP)
+        begun = time.monotonic()
+        again = Daemon(a.tmp, env={"AGENTD_REPLICA_ID": "r0"}, state_dir=a.tmp / "state-again")
+        started.append(again.start())
+        again.wait_log("session.adopted", lambda r: r.get("session") == session)
+        assert time.monotonic() - begun < 3 * 2.0  # within 1.5 leases of its start, and its start's wait
+        hold.touch()
+        assert again.turn(session, turn)["status"] == "completed"
+        a.signal(signal.SIGCONT)
+        a.wait_log("session.lease_lost", lambda r: r.get("session") == session)
+        assert [e["content"] for e in answers(again, session, turn)] == [f"[{MODEL}] You said: hold this"]
+        assert again.send(session, "after")["turn"]["status"] == "completed"
+        assert a.send(session, "on the resumed one")["turn"]["status"] == "completed"
+        assert len(again.session(session)["turns"]) == 3
