@@ -519,3 +519,23 @@ async def test_a_claim_for_a_turn_another_replica_already_ran_is_refused(store: 
     lease = await store.claim("s1", "r1", LONG, turn="t2")  # a turn still pending is claimed as before
     assert lease is not None and lease.token == adopted.token + 1
     assert await store.claim("s1", "r1", LONG) is not None  # without a turn: as before
+
+
+async def test_a_fenced_notification_of_a_run_that_released_its_lease_still_goes_out(
+    backend: Backend, store: Store, other: Store
+) -> None:
+    """A turn's last events are queued to the relay before its end, but the relay sends them
+    asynchronously while the turn's end releases the lease (``TurnRunner._finish``: release, then
+    flush). Nobody else claimed the session since: the run was never superseded, and its events
+    must reach the remote subscribers (a healthy owner's stream must stay whole)."""
+    if backend.name == "sqlite":
+        pytest.skip("one daemon owns a SQLite store: nothing is relayed")
+    await new_session(store)
+    lease = await store.claim("s1", "r1/0123abcd", LONG)
+    assert lease is not None
+    with anyio.fail_after(TIMEOUT):
+        assert await other.next_notification(0.01) is None  # it listens from now on
+    assert await store.release(lease)  # the turn ended; its step.done still sits in the relay's queue
+    assert await store.notify_many([(EVENTS, "last step.done")], fences=[lease]) is None
+    with anyio.fail_after(TIMEOUT):
+        assert await other.next_notification(5.0) == (EVENTS, "last step.done")

@@ -458,8 +458,10 @@ class Store(abc.ABC):
     async def notify_many(self, notes: Sequence[tuple[str, str]], *, fences: Sequence[Lease | None] = ()) -> str | None:
         """Send ``notes`` (channel, payload) in one transaction, so they are delivered in this order,
         together; None once sent, else why they were not (best effort: never raises). A note whose
-        fence (``fences[i]``, when given) is no longer the session's current lease is not sent: a
-        run whose lease was lost speaks no more, as it commits no more (RFC 0009 §7).
+        fence (``fences[i]``, when given) was superseded — another holder claimed the session
+        since — is not sent: a run whose lease was lost speaks no more, as it commits no more (RFC
+        0009 §7). A fence released by its own holder (the turn ended) still holds for its run's
+        last events, queued before the release.
 
         The default sends nothing: with one daemon on the store (SQLite) there is nobody to tell.
         """

@@ -742,11 +742,15 @@ class PostgresStore(Store):
             for (channel, payload), fence in zip(notes, fences or [None] * len(notes), strict=True)
         ]
 
+        # Fenced: sent unless another holder claimed the session since the fence's claim (every
+        # such claim moves the token on). A release keeps the token: the last events of a turn that
+        # ended, still queued when its lease was given up, are its run's and go out.
         async def op(conn: Conn) -> None:
             async with conn.cursor() as cursor:
                 await cursor.executemany(
                     "SELECT pg_notify(%(channel)s, %(payload)s) WHERE %(session)s::text IS NULL OR EXISTS"
-                    " (SELECT 1 FROM sessions WHERE id = %(session)s AND owner = %(owner)s AND fence = %(token)s)",
+                    " (SELECT 1 FROM sessions WHERE id = %(session)s AND fence = %(token)s"
+                    " AND (owner IS NULL OR owner = %(owner)s))",
                     rows,
                 )
 

@@ -281,8 +281,8 @@ class Supervisor:
 
     async def _report_twins(self) -> None:
         """Say, once per process, that another live process bears this replica's id: one that beat
-        after this one's first beat cannot be the dead process this one replaced. Two started at
-        the same moment both got past ``live_twin``; their leases stay apart (each its holder)."""
+        after this one's first beat cannot be the dead process this one replaced (one that started
+        after this one is refused by ``find_live_twin``, but may have beaten before it exited)."""
         assert self._beat_seen is not None
         try:
             rows = await self.store.live_replicas(self.lease_time)
@@ -301,16 +301,27 @@ class Supervisor:
         or the other is plain, at most a lease."""
         if not self.shared_store:
             return None
+        # This process's row first, and a beat on every look: of two processes starting at once
+        # with one id, each sees the other — whichever writes first is there when the other reads
+        # — and sees it beat again; both are refused rather than both served.
+        await self._start_beat()
         before = rivals(await self.store.live_replicas(self.lease_time), self.replica)
         if not before:
             return None
         log.info(events.LOG_REPLICA_RIVAL, replica=self.replica, rivals=sorted(before))
         while True:
             await anyio.sleep(heartbeat_interval(self.lease_time) / 4)
+            await self._start_beat()
             rows = await self.store.live_replicas(self.lease_time)
             twin = live_twin(before, rows, self.replica)
             if twin is not None or not rivals(rows, self.replica):
                 return twin
+
+    async def _start_beat(self) -> None:
+        """A beat before serving (``find_live_twin``): StoreError raises, the start fails."""
+        row = await self.store.beat(self.replica, generation=self.generation, sessions=0)
+        if self._beat_seen is None:
+            self._beat_seen = row.seen_at
 
     def _owned_sessions(self) -> int:
         """How many sessions this replica owns: those it holds a lease on (a shared store), else
