@@ -15,7 +15,8 @@ import structlog
 from agentd.budget import Usage
 from agentd.config import Intelligence, intelligence_map, load_config
 from agentd.events import LOG_INTEL_ERROR, LOG_INTEL_FAILOVER
-from agentd.intel.base import CompletionRequest, IntelError, IntelErrorKind, build_provider
+from agentd.intel import build_provider
+from agentd.intel.base import CompletionRequest, IntelError, IntelErrorKind
 from agentd.intel.endpoints import BreakerPolicy, BreakerState, RetryPolicy
 from agentd.intel.ollama import OllamaProvider
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage

@@ -16,7 +16,8 @@ import structlog
 
 from agentd.budget import Usage
 from agentd.config import Intelligence, intelligence_map, load_config
-from agentd.intel.base import CompletionRequest, IntelError, IntelErrorKind, build_provider
+from agentd.intel import build_provider
+from agentd.intel.base import CompletionRequest, IntelError, IntelErrorKind
 from agentd.intel.endpoints import BreakerState, RetryPolicy
 from agentd.intel.openai import OpenAIProvider
 from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, UserMessage

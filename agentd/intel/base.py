@@ -18,7 +18,7 @@ from agentd.config import Intelligence
 from agentd.messages import AssistantMessage, Message
 from agentd.tools import ToolSpec
 
-__all__ = ["Completion", "CompletionRequest", "IntelError", "IntelErrorKind", "Provider", "build_provider"]
+__all__ = ["Completion", "CompletionRequest", "IntelError", "IntelErrorKind", "Provider"]
 
 
 class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,20 +70,3 @@ class Provider(Protocol):
     async def aclose(self) -> None:
         """Release connections."""
         ...
-
-
-def build_provider(intelligence: Intelligence) -> Provider:
-    """A fresh client for ``intelligence`` (fresh endpoint health: used on start and every swap)."""
-    if intelligence.provider == "scripted":
-        from agentd.intel.scripted import ScriptedProvider
-
-        return ScriptedProvider(intelligence)
-    if intelligence.provider == "ollama":
-        from agentd.intel.ollama import OllamaProvider
-
-        return OllamaProvider(intelligence)
-    if intelligence.provider == "openai":
-        from agentd.intel.openai import OpenAIProvider
-
-        return OpenAIProvider(intelligence)
-    raise ValueError(f"unknown provider {intelligence.provider!r}")
