@@ -20,15 +20,18 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
+from agentd import events
 from agentd.config import SupervisorSettings
 from agentd.obs import get_logger
 from agentd.protocol import Close, Spawn
 from agentd.supervisor.child import Child, FrameSink
 from agentd.supervisor.placement import (
     ChildRole,
+    ChildSnapshot,
     Placement,
     PoolPlan,
     PoolSize,
+    counted_cpus,
     effective_children,
     place,
     plan_pool,
@@ -63,12 +66,20 @@ class PoolOwner(FrameSink, Protocol):
 
 
 def pool_size(settings: SupervisorSettings) -> PoolSize:
-    """The ``[supervisor]`` pool keys as the decisions take them (``children = 0`` resolved)."""
+    """The ``[supervisor]`` pool keys as the decisions take them (RFC 0006 §2).
+
+    ``children`` is kept as configured: that many active children stay up with no load (``0``:
+    none, the spares only). It is also the spread — how many active children concurrent turns are
+    spread over — where ``0`` means the CPU count. An empty child the pool grew for load is retired
+    after ``idle_unload``, the same wait that unloads an idle session.
+    """
     return PoolSize(
-        children=effective_children(settings.children),
+        children=settings.children,
         sessions_per_child=settings.sessions_per_child,
         max_children=settings.max_children,
         spare_children=settings.spare_children,
+        spread=effective_children(settings.children),
+        retire_after=settings.idle_unload,
     )
 
 
@@ -102,6 +113,15 @@ class Pool:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep the pool at its planned size and unload idle sessions, until cancelled."""
+        size = pool_size(self._settings())
+        log.info(
+            events.LOG_POOL_STARTED,
+            cpus=counted_cpus(),
+            children=size.children,
+            spread=size.spread_cap,
+            spare_children=size.spare_children,
+            max_children=size.max_children,
+        )
         async with anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
@@ -158,9 +178,20 @@ class Pool:
                 return child
         return None
 
+    def _snapshots(self) -> list[ChildSnapshot]:
+        """The live children as the decisions see them; a child hosting anything is in use now."""
+        now = time.monotonic()
+        snapshots = []
+        for child in self.children.values():
+            if child.gone.is_set():
+                continue
+            if child.loaded or child.in_flight:
+                child.used_at = now
+            snapshots.append(child.snapshot(idle_for=now - child.used_at))
+        return snapshots
+
     def _verdict(self, quarantined: bool) -> Placement:
-        snapshots = [c.snapshot() for c in self.children.values() if not c.gone.is_set()]
-        return place(snapshots, pool_size(self._settings()), quarantined=quarantined)
+        return place(self._snapshots(), pool_size(self._settings()), quarantined=quarantined)
 
     async def _place(self, session_id: str, quarantined: bool) -> Child | None:
         verdict = self._verdict(quarantined)
@@ -187,6 +218,7 @@ class Pool:
                 await room.wait()
             return None
         child.loaded.add(session_id)
+        child.used_at = time.monotonic()
         return child
 
     async def unload(self, session_id: str) -> None:
@@ -199,6 +231,7 @@ class Pool:
         if child is None:
             return
         child.loaded.discard(session_id)
+        child.used_at = time.monotonic()  # its idle time, if that was its last session, starts now
         self.changed()
         if child.usable:
             await child.send(Close(session=session_id))
@@ -209,6 +242,7 @@ class Pool:
         assert self._tg is not None, "the pool is not running"
         child = Child(f"c{next(self._ids)}", role)
         child.restarts = self._replacing.pop(0) if self._replacing else 0
+        child.used_at = time.monotonic()
         self.children[child.id] = child
         self._tg.start_soon(self._run_child, child)
         return child
@@ -257,8 +291,7 @@ class Pool:
             await anyio.sleep(delay * random.uniform(0.5, 1.0))
 
     def _plan(self) -> PoolPlan:
-        live = [c for c in self.children.values() if not c.gone.is_set()]
-        return plan_pool([c.snapshot() for c in live], pool_size(self._settings()))
+        return plan_pool(self._snapshots(), pool_size(self._settings()))
 
     async def _maintain(self) -> None:
         """One pass: carry out the plan, then unload sessions idle for longer than ``idle_unload``."""
@@ -270,8 +303,16 @@ class Pool:
             self.children[child_id].role = ChildRole.ACTIVE
         for child_id in plan.drain:
             self.children[child_id].role = ChildRole.DRAINING
+        now = time.monotonic()
         for child_id in plan.retire:
             child = self.children[child_id]
+            log.info(
+                events.LOG_CHILD_RETIRED,
+                child=child.id,
+                pid=child.pid,
+                role=str(child.role),
+                idle=round(now - child.used_at, 3),
+            )
             child.role = ChildRole.DRAINING
             assert self._tg is not None
             self._tg.start_soon(child.stop, self._settings().stop_grace)
