@@ -108,6 +108,7 @@ class Pool:
         self._start_error: str | None = None  # the last child's reason for not becoming Ready
         self._stopping = False
         self._last_idle_scan = -math.inf  # when the idle scan last ran (monotonic)
+        self._retired: set[str] = set()  # children the plan retired, being stopped
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -263,6 +264,7 @@ class Pool:
 
     async def _on_gone(self, child: Child) -> None:
         self.children.pop(child.id, None)
+        self._retired.discard(child.id)
         # A crash: a child that was Ready ended without being asked to. One that never became Ready
         # failed to start (counted apart, for the spawn backoff).
         crashed = child.ready.is_set() and child._stopping is None and not self._stopping
@@ -305,6 +307,9 @@ class Pool:
             self.children[child_id].role = ChildRole.DRAINING
         now = time.monotonic()
         for child_id in plan.retire:
+            if child_id in self._retired:
+                continue  # already on its way out: one stop, one log line
+            self._retired.add(child_id)
             child = self.children[child_id]
             log.info(
                 events.LOG_CHILD_RETIRED,
