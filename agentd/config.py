@@ -167,7 +167,8 @@ class SupervisorSettings(_Section, frozen=True):
     ping_interval: Seconds = 2.0
     ping_timeout: Seconds = 10.0
     stop_grace: Seconds = 10.0
-    # 0 = the number of CPUs (at least 2).
+    # Active children kept with no load, and the most concurrent turns are spread over; 0 = keep
+    # none (the spares only) and spread over up to the CPU count, at least 2 (RFC 0006 §2).
     children: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0
     # 1 = a process per loaded session, for operators who want isolation.
     sessions_per_child: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1000

@@ -77,6 +77,12 @@ LOG_CHILD_STDERR: Final = "child.stderr"
 # how many were not logged in the window that ended (RFC 0000 §8).
 LOG_DROPPED: Final = "log.dropped"
 LOG_CHILD_SHUTDOWN: Final = "child.shutdown"
+# The pool started: the CPUs it counted, the active children it keeps, the most it spreads turns
+# over, its spares and its cap (RFC 0006 §2).
+LOG_POOL_STARTED: Final = "pool.started"
+# The pool retires a child it no longer needs: a surplus spare, an active child empty for
+# idle_unload, an empty draining or quarantine child (RFC 0006 §4).
+LOG_CHILD_RETIRED: Final = "child.retired"
 # A reaped child had left processes in its process group (a tool's subprocess): they were killed.
 LOG_CHILD_LEFTOVERS_KILLED: Final = "child.leftovers_killed"
 LOG_INTEL_ERROR: Final = "intel.error"

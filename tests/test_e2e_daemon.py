@@ -124,7 +124,8 @@ def test_no_config_at_all_runs_the_builtin_quickstart(tmp_path: Path) -> None:
 
 
 def test_kill_9_of_the_supervisor_takes_every_child_down(tmp_path: Path) -> None:
-    with running_daemon(tmp_path, config(tmp_path / "hold")) as daemon:
+    # children = 2: two active children kept whatever the load (the default keeps none idle).
+    with running_daemon(tmp_path, config(tmp_path / "hold", supervisor="children = 2")) as daemon:
         assert daemon.process is not None
         idle = [daemon.new_session("main"), daemon.new_session("main")]
         for session in idle:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.child_harness import tool_log
-from tests.daemon_harness import Daemon, EventStream, pid_alive, running_daemon, wait_until
+from tests.daemon_harness import REPO, Daemon, EventStream, pid_alive, running_daemon, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -316,6 +316,60 @@ def test_stopping_the_daemon_kills_what_a_tool_left_running_in_its_child(tmp_pat
 
 
 # --------------------------------------------------------------------------- the pool's shape
+
+
+def faked_cpus(count: int) -> dict[str, str]:
+    """The daemon's environment additions that make it believe it may use ``count`` CPUs
+    (``tests/fake_cpus/sitecustomize.py`` fakes the affinity mask; agentd counts as it always does)."""
+    path = os.pathsep.join(filter(None, [str(REPO / "tests" / "fake_cpus"), str(REPO), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "AGENTD_TEST_FAKE_CPUS": str(count)}
+
+
+def pool_states(daemon: Daemon) -> list[str]:
+    """The roles of the pool's children (``children[].state`` of /v1/status), sorted."""
+    return sorted(c["state"] for c in daemon.status()["children"])
+
+
+def test_a_default_pool_on_a_large_host_starts_lean_grows_with_load_and_shrinks_back(tmp_path: Path) -> None:
+    """Every pool key at its default on a host faked to have 32 CPUs, but ``sessions_per_child``
+    (small, so a few sessions need several children) and ``idle_unload`` (short, so the shrink is
+    seen within the test). Counts are asserted, never how long anything took."""
+    supervisor = 'sessions_per_child = 2\nidle_unload = "500ms"\nspawn_timeout = "60s"'
+    text = pool_config(tmp_path, supervisor=supervisor)
+    with running_daemon(tmp_path, text, env=faked_cpus(32)) as daemon:
+        [started] = daemon.wait_log("pool.started")
+        assert (started["cpus"], started["spread"], started["children"]) == (32, 32, 0), started
+        assert started["spare_children"] == 1
+        # At start: the spare alone — at most spare_children + 1 children, not one per CPU.
+        at_start = wait_until(lambda: (s := pool_states(daemon)) and "starting" not in s and s, "the spare to be Ready")
+        assert len(at_start) <= 1 + 1 and at_start == ["spare"], at_start
+
+        # Load: six sessions, each with a turn held mid model call, two at most per child.
+        sessions = [daemon.new_session("a") for _ in range(6)]
+        turns = held_turns(daemon, sessions)
+        hosts = {loaded_on(daemon, s) for s in sessions}
+        assert len(hosts) >= 3, "six sessions at two per child need at least three children"
+        grown = daemon.status()["children"]
+        assert sum(c["state"] == "active" for c in grown) >= 3
+        assert all(c["sessions"] <= 2 for c in grown)
+
+        (tmp_path / "hold-a").touch()
+        for session, (turn_id, events) in turns.items():
+            done = events.wait("turn.done", lambda d, t=turn_id: d["turn"] == t)
+            assert done["status"] == "completed", (session, done)
+
+        # Idle: the sessions are unloaded, then the children that hosted them are retired; the
+        # spare stays warm.
+        wait_until(
+            lambda: daemon.status()["sessions"]["loaded"] == 0 and pool_states(daemon) == ["spare"],
+            "the pool to shrink back to its spare",
+        )
+        retired = {e["pid"] for e in daemon.log_events("child.retired") if e["role"] == "active"}
+        assert hosts <= retired, (hosts, retired)
+        assert all(not pid_alive(pid) for pid in hosts)
+        # Shrunk, it still serves: the next message takes the spare (and another is started).
+        assert daemon.send(sessions[0], "again")["turn"]["status"] == "completed"
+        assert not daemon.log_events("turn.rerun"), "a shrink never cuts a turn"
 
 
 def test_a_reload_that_shrinks_the_pool_drains_children_and_cuts_no_turn(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from agentd.supervisor.blame import MAX_CRASHES, CrashVerdict, blame, quarantine
 from agentd.supervisor.placement import (
     ChildRole,
     ChildSnapshot,
+    Placement,
     PoolPlan,
     PoolSize,
     effective_children,
@@ -19,8 +20,10 @@ from agentd.supervisor.placement import (
 SIZE = PoolSize(children=2, sessions_per_child=3, max_children=4, spare_children=1)
 
 
-def child(id: str, role: ChildRole = ChildRole.ACTIVE, loaded: int = 0, in_flight: int = 0) -> ChildSnapshot:
-    return ChildSnapshot(id=id, role=role, loaded=loaded, in_flight=in_flight)
+def child(
+    id: str, role: ChildRole = ChildRole.ACTIVE, loaded: int = 0, in_flight: int = 0, idle_for: float = 0.0
+) -> ChildSnapshot:
+    return ChildSnapshot(id=id, role=role, loaded=loaded, in_flight=in_flight, idle_for=idle_for)
 
 
 # --------------------------------------------------------------------------- children = 0
@@ -232,3 +235,83 @@ def test_quarantine_lapses_once_the_crashes_leave_the_window() -> None:
     assert quarantined((10.0, 20.0), now=30.0)
     assert not quarantined((10.0, 20.0), now=75.0)  # the first crash is older than 60 s
     assert not quarantined((20.0,), now=30.0)
+
+
+# --------------------------------------------------------------------------- lean by default: children = 0
+
+#: The defaults on a 32-CPU host: nothing kept beyond the spare, turns spread over up to 32 children,
+#: an empty child the pool grew for load retired after idle_unload (600 s).
+LEAN = PoolSize(children=0, sessions_per_child=1000, max_children=64, spare_children=1, spread=32, retire_after=600.0)
+
+
+def test_children_zero_spreads_over_the_cpus_and_keeps_none_warm() -> None:
+    assert effective_children(0, cpus=32) == 32
+    assert LEAN.spread_cap == 32
+    assert SIZE.spread_cap == SIZE.children == 2  # an explicit children is both what is kept and the spread
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 32, 4096])
+def test_a_lean_pool_starts_only_its_spares_whatever_the_cpu_count(cpus: int) -> None:
+    size = PoolSize(
+        children=0, sessions_per_child=1000, max_children=64, spare_children=1, spread=effective_children(0, cpus=cpus)
+    )
+    assert plan_pool([], size) == PoolPlan(spawn=1)
+    assert plan_pool([child("c1", ChildRole.SPARE)], size) == PoolPlan()
+    assert plan_pool([], PoolSize(children=0, sessions_per_child=1000, max_children=64, spare_children=3)).spawn == 3
+
+
+def test_a_lean_pools_first_session_takes_the_ready_spare_which_is_replaced() -> None:
+    spare = [child("c1", ChildRole.SPARE)]
+    assert place(spare, LEAN).promote == "c1"
+    promoted = [child("c1", loaded=1)]
+    assert plan_pool(promoted, LEAN) == PoolPlan(spawn=1)
+
+
+def test_a_session_joins_an_active_child_that_runs_no_turn_rather_than_a_spare() -> None:
+    pool = [child("c1", loaded=5), child("c2", ChildRole.SPARE)]
+    assert place(pool, LEAN).child == "c1"
+
+
+def test_while_every_active_child_runs_a_turn_a_ready_spare_takes_the_session_up_to_the_spread() -> None:
+    busy = [child("c1", loaded=5, in_flight=1), child("c2", loaded=3, in_flight=2), child("c3", ChildRole.SPARE)]
+    assert place(busy, LEAN).promote == "c3"
+    # One active child without a turn: the spare stays warm, the least-loaded active child takes it.
+    assert place([*busy[:1], child("c4", loaded=9), busy[2]], LEAN) == Placement(child="c1")
+    # At the spread, the least-loaded busy child takes it.
+    narrow = PoolSize(children=0, sessions_per_child=1000, max_children=64, spare_children=1, spread=2)
+    assert place(busy, narrow).child == "c2"
+
+
+def test_spreading_never_waits_for_a_cold_start() -> None:
+    busy = [child("c1", loaded=5, in_flight=1)]
+    assert place(busy, LEAN).child == "c1"  # no spare: share the busy child, start nothing
+    assert place([*busy, child("c2", ChildRole.STARTING)], LEAN).child == "c1"  # not one still starting
+
+
+def test_an_empty_child_the_pool_grew_for_is_retired_only_after_idle_unload() -> None:
+    grown = [child("c1", loaded=2), child("c2", idle_for=599.0), child("c3", ChildRole.SPARE)]
+    assert plan_pool(grown, LEAN) == PoolPlan()
+    idle = [child("c1", loaded=2), child("c2", idle_for=600.0), child("c3", ChildRole.SPARE)]
+    assert plan_pool(idle, LEAN) == PoolPlan(retire=("c2",))
+
+
+def test_a_lean_pool_shrinks_back_to_its_spares_when_idle() -> None:
+    idle = [child(f"c{i}", idle_for=900.0) for i in range(1, 9)] + [child("c9", ChildRole.SPARE)]
+    assert set(plan_pool(idle, LEAN).retire) == {f"c{i}" for i in range(1, 9)}
+    assert plan_pool(idle, LEAN).spawn == 0
+
+
+def test_a_child_with_a_loaded_session_or_a_turn_in_flight_is_never_retired_for_idleness() -> None:
+    pool = [
+        child("c1", loaded=1, idle_for=10_000.0),  # idle_for is the pool's view; a loaded child is in use
+        child("c2", in_flight=1, idle_for=10_000.0),
+        child("c3", ChildRole.SPARE),
+    ]
+    assert plan_pool(pool, LEAN).retire == ()
+
+
+def test_an_explicit_children_is_kept_however_long_idle() -> None:
+    kept = PoolSize(children=2, sessions_per_child=1000, max_children=64, spare_children=1, retire_after=600.0)
+    pool = [child("c1", idle_for=10_000.0), child("c2", idle_for=10_000.0), child("c3", idle_for=10_000.0)]
+    assert plan_pool([*pool, child("s", ChildRole.SPARE)], kept).retire == ("c1",)
+    assert plan_pool([], kept) == PoolPlan(spawn=3)  # old configs start what they always started

@@ -287,6 +287,9 @@ class Child:
         self.restarts = 0  # how many crashed children this one's place in the pool has seen
         self.loaded: set[str] = set()
         self.in_flight: set[str] = set()
+        # Monotonic time it last hosted a session (or was started): the pool retires an empty child
+        # it grew for load once it has stayed empty for idle_unload (RFC 0006 §4).
+        self.used_at = 0.0
         self.ready = anyio.Event()
         self.gone = anyio.Event()
         self.exit_code: int | None = None
@@ -306,9 +309,11 @@ class Child:
         """Ready, not gone and not being stopped: frames sent now will be read."""
         return self.ready.is_set() and not self.gone.is_set() and self._stopping is None
 
-    def snapshot(self) -> ChildSnapshot:
-        """This child as the placement decisions see it."""
-        return ChildSnapshot(id=self.id, role=self.role, loaded=len(self.loaded), in_flight=len(self.in_flight))
+    def snapshot(self, *, idle_for: float = 0.0) -> ChildSnapshot:
+        """This child as the placement decisions see it (``idle_for``: seconds it has hosted nothing)."""
+        return ChildSnapshot(
+            id=self.id, role=self.role, loaded=len(self.loaded), in_flight=len(self.in_flight), idle_for=idle_for
+        )
 
     async def run(
         self,

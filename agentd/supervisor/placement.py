@@ -11,9 +11,14 @@ process (``tests/test_placement.py``). The rules, from rfcs/0006-pool.md:
 - A session is placed on the least-loaded active child with room (``sessions_per_child``); when
   every active child is full, a spare is promoted (or a child that is starting to become one);
   when there is none, a child is started, up to ``max_children``; beyond that the session waits
-  for room.
-- The pool keeps ``children`` active children and ``spare_children`` spares, never more than
-  ``max_children`` processes besides quarantine children; surplus empty children are retired.
+  for room. While every active child runs a turn and there are fewer than the *spread* (the CPU
+  count by default), a ready spare is promoted rather than the session queued behind busy ones:
+  the pool grows with concurrent load, never with a cold start on a request's path.
+- The pool keeps ``children`` active children (none by default: what load needs) and
+  ``spare_children`` spares, never more than ``max_children`` processes besides quarantine
+  children; surplus spares are retired at once, an empty active child above ``children`` once it
+  has hosted nothing for ``retire_after`` (``idle_unload``), so the idle footprint does not depend
+  on the machine's size.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ __all__ = [
     "Placement",
     "PoolPlan",
     "PoolSize",
+    "counted_cpus",
     "effective_children",
     "growth_cap",
     "place",
@@ -49,29 +55,50 @@ class ChildRole(enum.StrEnum):
 
 
 class ChildSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """One child as a decision sees it: its role, how many sessions it hosts and runs turns for."""
+    """One child as a decision sees it: its role, how many sessions it hosts and runs turns for, and
+    for how long it has hosted nothing (``idle_for`` seconds; 0 while it hosts a session)."""
 
     id: str
     role: ChildRole
     loaded: int = 0
     in_flight: int = 0
+    idle_for: float = 0.0
 
 
 class PoolSize(msgspec.Struct, frozen=True, kw_only=True):
-    """The ``[supervisor]`` pool settings with ``children = 0`` already resolved (see effective_children)."""
+    """The ``[supervisor]`` pool settings as the decisions take them (see ``pool_size`` in pool.py).
+
+    ``children``: active children kept even with no load (0: none, only the spares).
+    ``spread``: the most active children the pool spreads concurrent turns over by promoting spares
+    (0: ``children``); ``children = 0`` in the config makes it the CPU count (``effective_children``).
+    ``retire_after``: seconds an empty active child above ``children`` is kept before it is retired.
+    """
 
     children: int
     sessions_per_child: int
     max_children: int
     spare_children: int
+    spread: int = 0
+    retire_after: float = 0.0
+
+    @property
+    def spread_cap(self) -> int:
+        """The most active children concurrent turns are spread over (``spread``, else ``children``)."""
+        return self.spread or self.children
 
 
 def effective_children(configured: int, cpus: int | None = None) -> int:
-    """``children = 0`` means the number of CPUs this process may use (``usable_cpus``); the pool
-    never has fewer than 2 active children."""
+    """The spread for ``children = configured``: ``0`` means the number of CPUs this process may use
+    (``usable_cpus``), never fewer than 2, so two concurrent turns never share a child while a spare
+    is ready."""
     if configured > 0:
         return configured
     return max(2, cpus if cpus is not None else _cpu_count())
+
+
+def counted_cpus() -> int:
+    """The CPUs this process may use, as ``children = 0`` counts them (``usable_cpus``; read once)."""
+    return _cpu_count()
 
 
 @functools.cache
@@ -163,13 +190,20 @@ def place(children: Sequence[ChildSnapshot], size: PoolSize, *, quarantined: boo
     quarantine = sum(1 for c in children if c.role is ChildRole.QUARANTINE)
     if quarantined and quarantine < growth_cap(size):
         return Placement(spawn=True)
-    room = [c for c in children if c.role is ChildRole.ACTIVE and c.loaded < size.sessions_per_child]
+    active = [c for c in children if c.role is ChildRole.ACTIVE]
+    room = [c for c in active if c.loaded < size.sessions_per_child]
+    spares = sorted((c for c in children if c.role is ChildRole.SPARE), key=_age)
+    # Growth with load: while every active child runs a turn, a ready spare takes the session
+    # instead (up to the spread, the CPU count by default), so concurrent turns use the cores.
+    # Only a Ready spare: a cold start would cost the request more than sharing a busy child
+    # (turns are concurrent tasks there), and the promoted spare is replaced in the background.
+    if room and spares and len(active) < size.spread_cap and all(c.in_flight for c in active):
+        return Placement(promote=spares[0].id)
     if room:
         best = min(room, key=lambda c: (c.loaded, c.in_flight, _age(c)))
         return Placement(child=best.id)
     # A ready spare first; else a child still starting (it was going to be a spare): waiting for
     # it beats starting one more.
-    spares = sorted((c for c in children if c.role is ChildRole.SPARE), key=_age)
     starting = sorted((c for c in children if c.role is ChildRole.STARTING), key=_age)
     if spares or starting:
         return Placement(promote=(spares or starting)[0].id)
@@ -195,10 +229,13 @@ def plan_pool(children: Sequence[ChildSnapshot], size: PoolSize) -> PoolPlan:
     """Bring the pool towards ``children`` active plus ``spare_children`` spares, within ``max_children``.
 
     - Too few active children (at start, after a crash, after ``children`` grew): promote spares,
-      then start children for the rest.
+      then start children for the rest. With ``children = 0`` there are none to keep: at start
+      only the spares are started, and load grows the pool (``place``).
     - Too few spares: start more, if ``max_children`` allows.
-    - Too many: surplus spares and empty active children beyond ``children`` are retired (a child
-      the pool grew for load leaves once idle unloads have emptied it). Above ``max_children`` (a
+    - Too many: surplus spares are retired at once; an empty active child beyond ``children`` once
+      it has hosted nothing for ``retire_after`` (a child the pool grew for load leaves once idle
+      unloads have emptied it and it stayed empty that long: a burst that comes back soon finds
+      it still there). A child with a loaded session or a turn in flight is never retired. Above ``max_children`` (a
       reload lowered it) the least-loaded children are drained: they take nothing new, their idle
       sessions are unloaded, and they are retired once their turns have ended, so a shrink never
       cuts a turn.
@@ -230,9 +267,10 @@ def plan_pool(children: Sequence[ChildSnapshot], size: PoolSize) -> PoolPlan:
     if surplus_spares > 0:
         retire += [c.id for c in spares[-surplus_spares:]]
     # Active children beyond ``children`` exist because load grew the pool: they stay while they
-    # host sessions and are retired once idle unloads have emptied them.
+    # host sessions and are retired once idle unloads have emptied them and they stayed empty for
+    # ``retire_after`` (what load needs is what is loaded or running; the spares are kept apart).
     by_load = sorted(active, key=lambda c: (c.loaded, c.in_flight, _age(c)))
-    empty = [c.id for c in by_load if c.loaded == 0 and c.in_flight == 0]
+    empty = [c.id for c in by_load if c.loaded == 0 and c.in_flight == 0 and c.idle_for >= size.retire_after]
     retire += empty[: max(0, len(active) - size.children)]
     # Above max_children (a reload lowered it): the least-loaded loaded children drain.
     # Children already draining are on their way out: they do not count against the cap again.

@@ -20,15 +20,18 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
+from agentd import events
 from agentd.config import SupervisorSettings
 from agentd.obs import get_logger
 from agentd.protocol import Close, Spawn
 from agentd.supervisor.child import Child, FrameSink
 from agentd.supervisor.placement import (
     ChildRole,
+    ChildSnapshot,
     Placement,
     PoolPlan,
     PoolSize,
+    counted_cpus,
     effective_children,
     place,
     plan_pool,
@@ -63,12 +66,20 @@ class PoolOwner(FrameSink, Protocol):
 
 
 def pool_size(settings: SupervisorSettings) -> PoolSize:
-    """The ``[supervisor]`` pool keys as the decisions take them (``children = 0`` resolved)."""
+    """The ``[supervisor]`` pool keys as the decisions take them (RFC 0006 §2).
+
+    ``children`` is kept as configured: that many active children stay up with no load (``0``:
+    none, the spares only). It is also the spread — how many active children concurrent turns are
+    spread over — where ``0`` means the CPU count. An empty child the pool grew for load is retired
+    after ``idle_unload``, the same wait that unloads an idle session.
+    """
     return PoolSize(
-        children=effective_children(settings.children),
+        children=settings.children,
         sessions_per_child=settings.sessions_per_child,
         max_children=settings.max_children,
         spare_children=settings.spare_children,
+        spread=effective_children(settings.children),
+        retire_after=settings.idle_unload,
     )
 
 
@@ -97,11 +108,21 @@ class Pool:
         self._start_error: str | None = None  # the last child's reason for not becoming Ready
         self._stopping = False
         self._last_idle_scan = -math.inf  # when the idle scan last ran (monotonic)
+        self._retired: set[str] = set()  # children the plan retired, being stopped
 
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep the pool at its planned size and unload idle sessions, until cancelled."""
+        size = pool_size(self._settings())
+        log.info(
+            events.LOG_POOL_STARTED,
+            cpus=counted_cpus(),
+            children=size.children,
+            spread=size.spread_cap,
+            spare_children=size.spare_children,
+            max_children=size.max_children,
+        )
         async with anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
@@ -158,9 +179,20 @@ class Pool:
                 return child
         return None
 
+    def _snapshots(self) -> list[ChildSnapshot]:
+        """The live children as the decisions see them; a child hosting anything is in use now."""
+        now = time.monotonic()
+        snapshots = []
+        for child in self.children.values():
+            if child.gone.is_set():
+                continue
+            if child.loaded or child.in_flight:
+                child.used_at = now
+            snapshots.append(child.snapshot(idle_for=now - child.used_at))
+        return snapshots
+
     def _verdict(self, quarantined: bool) -> Placement:
-        snapshots = [c.snapshot() for c in self.children.values() if not c.gone.is_set()]
-        return place(snapshots, pool_size(self._settings()), quarantined=quarantined)
+        return place(self._snapshots(), pool_size(self._settings()), quarantined=quarantined)
 
     async def _place(self, session_id: str, quarantined: bool) -> Child | None:
         verdict = self._verdict(quarantined)
@@ -187,6 +219,7 @@ class Pool:
                 await room.wait()
             return None
         child.loaded.add(session_id)
+        child.used_at = time.monotonic()
         return child
 
     async def unload(self, session_id: str) -> None:
@@ -199,6 +232,7 @@ class Pool:
         if child is None:
             return
         child.loaded.discard(session_id)
+        child.used_at = time.monotonic()  # its idle time, if that was its last session, starts now
         self.changed()
         if child.usable:
             await child.send(Close(session=session_id))
@@ -209,6 +243,7 @@ class Pool:
         assert self._tg is not None, "the pool is not running"
         child = Child(f"c{next(self._ids)}", role)
         child.restarts = self._replacing.pop(0) if self._replacing else 0
+        child.used_at = time.monotonic()
         self.children[child.id] = child
         self._tg.start_soon(self._run_child, child)
         return child
@@ -229,6 +264,7 @@ class Pool:
 
     async def _on_gone(self, child: Child) -> None:
         self.children.pop(child.id, None)
+        self._retired.discard(child.id)
         # A crash: a child that was Ready ended without being asked to. One that never became Ready
         # failed to start (counted apart, for the spawn backoff).
         crashed = child.ready.is_set() and child._stopping is None and not self._stopping
@@ -257,8 +293,7 @@ class Pool:
             await anyio.sleep(delay * random.uniform(0.5, 1.0))
 
     def _plan(self) -> PoolPlan:
-        live = [c for c in self.children.values() if not c.gone.is_set()]
-        return plan_pool([c.snapshot() for c in live], pool_size(self._settings()))
+        return plan_pool(self._snapshots(), pool_size(self._settings()))
 
     async def _maintain(self) -> None:
         """One pass: carry out the plan, then unload sessions idle for longer than ``idle_unload``."""
@@ -270,8 +305,19 @@ class Pool:
             self.children[child_id].role = ChildRole.ACTIVE
         for child_id in plan.drain:
             self.children[child_id].role = ChildRole.DRAINING
+        now = time.monotonic()
         for child_id in plan.retire:
+            if child_id in self._retired:
+                continue  # already on its way out: one stop, one log line
+            self._retired.add(child_id)
             child = self.children[child_id]
+            log.info(
+                events.LOG_CHILD_RETIRED,
+                child=child.id,
+                pid=child.pid,
+                role=str(child.role),
+                idle=round(now - child.used_at, 3),
+            )
             child.role = ChildRole.DRAINING
             assert self._tg is not None
             self._tg.start_soon(child.stop, self._settings().stop_grace)
