@@ -24,6 +24,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentd import events
 from agentd.obs import get_logger
 from agentd.supervisor.core import ApiError, Supervisor
 from agentd.views import Accepted, CreateSession, ErrorBody, ErrorDetail, PostMessage
@@ -322,7 +323,7 @@ class CatchAll:
                 frame = frame.tb_next
             where = f"{frame.tb_frame.f_code.co_filename}:{frame.tb_lineno}" if frame is not None else None
             log.error(
-                "api.internal_error",
+                events.LOG_API_INTERNAL_ERROR,
                 method=scope.get("method"),
                 path=scope.get("path"),
                 error_type=type(exc).__name__,

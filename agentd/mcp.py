@@ -28,6 +28,7 @@ import anyio
 import anyio.abc
 import msgspec
 
+from agentd import events
 from agentd.causes import iter_causes
 from agentd.config import McpServer
 from agentd.obs import get_logger
@@ -286,7 +287,9 @@ class McpConnection:
             was_up = self.connects > before
             if self._close_requested.is_set():
                 break
-            log.warning("mcp.disconnected" if was_up else "mcp.connect_failed", server=self.name, error=self.error)
+            log.warning(
+                events.LOG_MCP_DISCONNECTED if was_up else "mcp.connect_failed", server=self.name, error=self.error
+            )
             if was_up:  # it worked until now: try again at once, then back off
                 backoff = RECONNECT_START
                 continue
@@ -310,7 +313,7 @@ class McpConnection:
                 self._client, self.error = client, None
                 self.connects += 1
                 self._set(_State.UP)
-                log.info("mcp.connected", server=self.name, tools=len(self.listing), connects=self.connects)
+                log.info(events.LOG_MCP_CONNECTED, server=self.name, tools=len(self.listing), connects=self.connects)
                 await ended.wait()
                 self.error = "the server closed the connection"
         if scope.cancelled_caught and self.connects == before:

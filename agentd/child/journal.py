@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentd import events
 from agentd.budget import call_key
 from agentd.messages import ToolCall
 from agentd.obs import get_logger
@@ -107,7 +108,9 @@ class ToolLedger:
             )
             error = await self._write(JournalFinish(session=self.session, turn=self.turn, entry=finished))
             if error is not None:  # it ran; a later run will find its outcome unknown
-                log.error("tool.journal_failed", session=self.session, turn=self.turn, tool=call.name, error=error)
+                log.error(
+                    events.LOG_TOOL_JOURNAL_FAILED, session=self.session, turn=self.turn, tool=call.name, error=error
+                )
         return outcome
 
 

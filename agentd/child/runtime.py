@@ -114,7 +114,7 @@ class ChildRuntime:
                 self._stop(EXIT_PROTOCOL_ERROR)
                 return
             if frame is None:
-                log.info("child.parent_gone", child=self.child_id)
+                log.info(events.LOG_CHILD_PARENT_GONE, child=self.child_id)
                 self._stop(0)
                 return
             try:
@@ -216,7 +216,9 @@ class ChildRuntime:
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # validated by the supervisor first; never take the child down
-                log.error("child.tools_unresolved", child=self.child_id, assistant=assistant.name, error=str(exc))
+                log.error(
+                    events.LOG_CHILD_TOOLS_UNRESOLVED, child=self.child_id, assistant=assistant.name, error=str(exc)
+                )
         self.toolboxes = toolboxes
         if self.hub is not None:  # servers changed or dropped: their old connections close once unused
             self.hub.configure(config.mcp_servers, self.environ)
@@ -293,7 +295,7 @@ class ChildRuntime:
             await self.send(done)
             await session.apply_parked(turn=None)  # idle now: its boundary is now
         except Exception as exc:  # a loop bug must not take the other sessions down
-            log.exception("turn.crashed", session=session.id, turn=frame.turn)
+            log.exception(events.LOG_TURN_CRASHED, session=session.id, turn=frame.turn)
             await self.send(Failed(session=session.id, turn=frame.turn, error=f"{type(exc).__name__}: {exc}"))
         finally:
             if not any(s.running for s in self.sessions.values()):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agentd import events
 from agentd.config import Assistant, Config, McpServer
 from agentd.mcp import McpConnection, McpTool, McpToolInfo, is_mcp_ref
 from agentd.obs import get_logger
@@ -44,7 +45,7 @@ class Toolbox:
             for info in _offered(connection, wanted):
                 tool = McpTool(connection, info)
                 if tool.name in tools:
-                    log.warning("mcp.tool_name_taken", server=server.name, tool=info.name, name=tool.name)
+                    log.warning(events.LOG_MCP_TOOL_NAME_TAKEN, server=server.name, tool=info.name, name=tool.name)
                     continue
                 tools[tool.name] = tool
         return tools
@@ -54,7 +55,7 @@ def _offered(connection: McpConnection, wanted: str) -> list[McpToolInfo]:
     listing = connection.listing
     if listing is None:
         if wanted == "*":
-            log.warning("mcp.tools_unavailable", server=connection.name, error=connection.error)
+            log.warning(events.LOG_MCP_TOOLS_UNAVAILABLE, server=connection.name, error=connection.error)
             return []
         # Named in the config: offered with an open schema, so the model's call reaches the server
         # (or hears why it cannot) instead of "unknown tool".
@@ -62,7 +63,7 @@ def _offered(connection: McpConnection, wanted: str) -> list[McpToolInfo]:
     if wanted == "*":
         return list(listing.values())
     if wanted not in listing:
-        log.warning("mcp.tool_not_listed", server=connection.name, tool=wanted)
+        log.warning(events.LOG_MCP_TOOL_NOT_LISTED, server=connection.name, tool=wanted)
         return []
     return [listing[wanted]]
 

@@ -332,7 +332,7 @@ class Child:
         try:
             self.process = await ChildProcess.start(self.id, env=env)
         except OSError as exc:
-            log.error("child.start_failed", child=self.id, error=str(exc))
+            log.error(events.LOG_CHILD_START_FAILED, child=self.id, error=str(exc))
             self.start_error = str(exc)
             self.gone.set()
             return
@@ -363,7 +363,7 @@ class Child:
         try:
             await process.handshake(frame, limit)
         except (SpawnError, *_GONE) as exc:
-            log.error("child.spawn_failed", child=self.id, pid=process.pid, error=str(exc))
+            log.error(events.LOG_CHILD_SPAWN_FAILED, child=self.id, pid=process.pid, error=str(exc))
             self.start_error = str(exc)
             return False
         self.generation = frame.generation
@@ -389,7 +389,7 @@ class Child:
             with anyio.move_on_after(current.ping_timeout):
                 await self._pong.wait()
                 continue
-            log.error("child.unresponsive", child=self.id, pid=process.pid, timeout=current.ping_timeout)
+            log.error(events.LOG_CHILD_UNRESPONSIVE, child=self.id, pid=process.pid, timeout=current.ping_timeout)
             await process.stop(grace=0)  # the kill ladder: a hung child gets SIGTERM, then SIGKILL
             return
 
@@ -417,7 +417,7 @@ class Child:
             case SwapsApplied():
                 sink.swaps_applied(self, frame)
             case Failed(session=None, error=error):
-                log.error("child.failed", child=self.id, pid=self.pid, error=error)
+                log.error(events.LOG_CHILD_FAILED, child=self.id, pid=self.pid, error=error)
             case Ready() | Spawn():
                 raise ProtocolError(f"unexpected frame {type(frame).__name__!r} from a running child")
             case _ if getattr(frame, "session", None) is not None:
@@ -440,7 +440,7 @@ class Child:
             return True
         if waited.cancelled_caught:
             log.error(
-                "child.unresponsive",
+                events.LOG_CHILD_UNRESPONSIVE,
                 child=self.id,
                 pid=process.pid,
                 timeout=self.send_timeout,

@@ -254,7 +254,7 @@ class Supervisor:
         try:
             held = await self.store.renew(self.replica, self.lease_time)
         except StoreError as exc:
-            log.warning("replica.renew_failed", replica=self.replica, error=str(exc))
+            log.warning(events.LOG_REPLICA_RENEW_FAILED, replica=self.replica, error=str(exc))
             return
         for session_id, (asked, pending) in before.items():
             runtime = self.sessions.get(session_id)
@@ -272,7 +272,7 @@ class Supervisor:
         try:
             row = await self.store.beat(self.replica, generation=self.generation, sessions=self._owned_sessions())
         except StoreError as exc:
-            log.warning("replica.beat_failed", replica=self.replica, error=str(exc))
+            log.warning(events.LOG_REPLICA_BEAT_FAILED, replica=self.replica, error=str(exc))
             return
         if self._beat_seen is None:
             self._beat_seen = row.seen_at
@@ -341,7 +341,7 @@ class Supervisor:
         try:
             lease = await self.store.claim(runtime.id, self.replica, self.lease_time, turn=turn)
         except StoreError as exc:
-            log.warning("session.claim_failed", session=runtime.id, error=str(exc))
+            log.warning(events.LOG_SESSION_CLAIM_FAILED, session=runtime.id, error=str(exc))
             return None
         if lease is not None:
             self._note_watchers(lease)
@@ -356,7 +356,7 @@ class Supervisor:
             try:
                 stored = await self.store.session_summary(runtime.id)
             except StoreError as exc:  # the transcript is reloaded anyway; the row is read next time
-                log.warning("session.claim_failed", session=runtime.id, error=str(exc))
+                log.warning(events.LOG_SESSION_CLAIM_FAILED, session=runtime.id, error=str(exc))
                 stored = None
             if stored is not None:
                 runtime.assistant = stored.assistant
@@ -376,7 +376,7 @@ class Supervisor:
                 try:
                     claimed = await self.store.claim_orphaned(self.replica, self.lease_time)
                 except StoreError as exc:
-                    log.warning("replica.scan_failed", replica=self.replica, error=str(exc))
+                    log.warning(events.LOG_REPLICA_SCAN_FAILED, replica=self.replica, error=str(exc))
                     claimed = []
                 for lease in claimed:
                     await self._adopt_orphan(lease)
@@ -394,14 +394,14 @@ class Supervisor:
                 try:
                     await self._catch_up(gap)
                 except Exception:  # best effort, like the notifications it stands in for
-                    log.exception("replica.catch_up_failed", replica=self.replica)
+                    log.exception(events.LOG_REPLICA_CATCH_UP_FAILED, replica=self.replica)
             if note is None:
                 continue
             channel, payload = note
             try:
                 await self._on_notification(channel, payload)
             except Exception:  # a notification must never take the listener down
-                log.exception("replica.notification_failed", channel=channel)
+                log.exception(events.LOG_REPLICA_NOTIFICATION_FAILED, channel=channel)
 
     async def _on_notification(self, channel: str, payload: str) -> None:
         if channel == EVENTS:  # payloads of their own format (agentd.supervisor.relay)
@@ -426,7 +426,7 @@ class Supervisor:
         """Listening again after a gap that began at ``since``: act on what was notified meanwhile
         and is kept in the store — turns that ended (their ``turn.done`` to subscribers here),
         cancels asked of turns running here, sessions closed."""
-        log.warning("replica.listen_gap", replica=self.replica, since=since)
+        log.warning(events.LOG_REPLICA_LISTEN_GAP, replica=self.replica, since=since)
         # Only what a missed notice would change: streams here, and turns running here (a loaded,
         # idle copy of a session closed elsewhere is refused by the store when it is used).
         for runtime in [r for r in self.sessions.values() if r.pending is not None or r.watched]:
@@ -443,7 +443,9 @@ class Supervisor:
                 elif runtime.watched:
                     await self._publish_ended_since(runtime, since)
             except StoreError as exc:
-                log.warning("replica.catch_up_failed", replica=self.replica, session=runtime.id, error=str(exc))
+                log.warning(
+                    events.LOG_REPLICA_CATCH_UP_FAILED, replica=self.replica, session=runtime.id, error=str(exc)
+                )
 
     async def _publish_ended_since(self, runtime: SessionRuntime, since: float) -> None:
         """Publish the ``turn.done`` of every turn of the session that ended since ``since`` (by the
@@ -465,7 +467,9 @@ class Supervisor:
         missed = self._reassembler.missed
         event = self._reassembler.feed(payload)
         if self._reassembler.missed > missed:
-            log.warning("replica.events_missed", replica=self.replica, missed=self._reassembler.missed - missed)
+            log.warning(
+                events.LOG_REPLICA_EVENTS_MISSED, replica=self.replica, missed=self._reassembler.missed - missed
+            )
         if event is None or event.origin == self.replica:
             return
         runtime = self.sessions.get(event.session)
@@ -513,7 +517,7 @@ class Supervisor:
             stored = await self.store.session_summary(lease.session)
             started = await self.store.pending_turn(lease.session)
         except StoreError as exc:
-            log.warning("session.adopt_failed", session=lease.session, error=str(exc))
+            log.warning(events.LOG_SESSION_ADOPT_FAILED, session=lease.session, error=str(exc))
             return
         runtime = self.sessions.get(lease.session)
         if stored is None or started is None or (runtime is not None and runtime.pending is not None):
@@ -549,15 +553,15 @@ class Supervisor:
         try:
             await call
         except StoreError as exc:
-            log.warning("supervisor.store_failed", error=str(exc))
+            log.warning(events.LOG_SUPERVISOR_STORE_FAILED, error=str(exc))
 
     async def _resume_interrupted(self) -> None:
         try:
             interrupted = await self.store.interrupted_turns()
         except StoreError as exc:
-            log.error("supervisor.resume_failed", error=str(exc))
+            log.error(events.LOG_SUPERVISOR_RESUME_FAILED, error=str(exc))
             return
-        log.info("supervisor.restored", pending=len(interrupted))
+        log.info(events.LOG_SUPERVISOR_RESTORED, pending=len(interrupted))
         limiter = anyio.CapacityLimiter(RESUME_CONCURRENCY)
         # Every interrupted turn is registered at once — so a cancel, a close or a new message sees
         # it while it waits for its turn to resume — and driven at most RESUME_CONCURRENCY at a time.
@@ -582,7 +586,7 @@ class Supervisor:
     async def drain(self, grace: float) -> bool:
         """Stop accepting turns; wait up to ``grace`` for in-flight turns. True when all ended."""
         self.draining = True
-        log.info("supervisor.draining", grace=grace, running=self._running_turns())
+        log.info(events.LOG_SUPERVISOR_DRAINING, grace=grace, running=self._running_turns())
         with anyio.move_on_after(grace):
             while self._running_turns():
                 self._turn_ended = anyio.Event()
@@ -965,7 +969,7 @@ class Supervisor:
                 raise _store_error(exc) from None
         except StoreError as exc:
             raise _store_error(exc) from None
-        log.info("session.created", session=session_id, assistant=name, model=model)
+        log.info(events.LOG_SESSION_CREATED, session=session_id, assistant=name, model=model)
         if plan.kind is OpenerKind.GENERATED:
             runtime = self.sessions.setdefault(
                 session_id, SessionRuntime(session_id, name, "idle", self.generation, model)
@@ -1136,7 +1140,7 @@ class Supervisor:
         try:
             created = await self.store.session_summary(session_id) is not None
         except StoreError as exc:
-            log.warning("session.create_unknown", session=session_id, error=str(exc))
+            log.warning(events.LOG_SESSION_CREATE_UNKNOWN, session=session_id, error=str(exc))
             raise ApiError(
                 503,
                 "store_unavailable",
@@ -1163,7 +1167,7 @@ class Supervisor:
             pending = await self.store.pending_turn(runtime.id)
         except StoreError as exc:
             runtime.pending, runtime.state = None, "idle"
-            log.warning("turn.begin_unknown", session=runtime.id, turn=turn.id, error=str(exc))
+            log.warning(events.LOG_TURN_BEGIN_UNKNOWN, session=runtime.id, turn=turn.id, error=str(exc))
             raise ApiError(
                 503,
                 "store_unavailable",
@@ -1269,7 +1273,7 @@ class Supervisor:
         runtime.close_subscribers()
         if self.sessions.get(runtime.id) is runtime:
             del self.sessions[runtime.id]
-        log.info("session.closed", session=runtime.id, elsewhere=True)
+        log.info(events.LOG_SESSION_CLOSED, session=runtime.id, elsewhere=True)
 
     async def _cancel_here(self, runtime: SessionRuntime) -> str:
         """Cancel the turn this replica runs for ``runtime``."""
@@ -1313,7 +1317,7 @@ class Supervisor:
         self.sessions.pop(session_id, None)
         if self.shared_store:  # other replicas drop what they hold of it (a loaded copy, streams)
             await self.store.notify(CLOSES, session_id)
-        log.info("session.closed", session=session_id)
+        log.info(events.LOG_SESSION_CLOSED, session=session_id)
         return SessionSummary(
             id=session_id,
             assistant=runtime.assistant,

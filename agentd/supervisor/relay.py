@@ -270,7 +270,7 @@ class EventRelay:
             self._sent += 1
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning("replica.relay_dropped", replica=self.replica, dropped=self.dropped)
+                log.warning(events.LOG_REPLICA_RELAY_DROPPED, replica=self.replica, dropped=self.dropped)
         self._wake.set()
 
     def send_event(
@@ -316,10 +316,12 @@ class EventRelay:
                 try:
                     failure = await self.store.notify_many(batch, fences=[fence for _, _, fence in taken])
                 except Exception as exc:  # never the daemon's end: these are best effort
-                    log.exception("replica.relay_failed", replica=self.replica, lost=len(batch), error=str(exc))
+                    log.exception(
+                        events.LOG_REPLICA_RELAY_FAILED, replica=self.replica, lost=len(batch), error=str(exc)
+                    )
                     failure = None
                 if failure is not None:
-                    log.warning("replica.relay_failed", replica=self.replica, lost=len(batch), error=failure)
+                    log.warning(events.LOG_REPLICA_RELAY_FAILED, replica=self.replica, lost=len(batch), error=failure)
                 self._sent += len(batch)
                 progress, self._progress = self._progress, anyio.Event()
                 progress.set()

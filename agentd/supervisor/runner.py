@@ -141,7 +141,7 @@ class TurnRunner:
         try:
             await self._deliver_until_done(runtime, turn)
         except Exception as exc:
-            log.exception("turn.internal_error", session=runtime.id, turn=turn.id)
+            log.exception(events.LOG_TURN_INTERNAL_ERROR, session=runtime.id, turn=turn.id)
             with anyio.CancelScope(shield=True):
                 await self.end_without_result(runtime, turn, TurnStatus.FAILED, f"internal error: {exc!r}")
 
@@ -214,7 +214,7 @@ class TurnRunner:
         try:
             if turn.runs > 1:
                 self.metrics.turn_reruns.inc()
-                log.info("turn.rerun", session=runtime.id, turn=turn.id, child=child.id, run=turn.runs)
+                log.info(events.LOG_TURN_RERUN, session=runtime.id, turn=turn.id, child=child.id, run=turn.runs)
             journal = await self._journal_for(runtime, turn)
             if journal is None:
                 return
@@ -287,7 +287,7 @@ class TurnRunner:
             except StoreError as exc:
                 error = str(exc)
         if error is not None:
-            log.error("tool.journal_refused", session=runtime.id, turn=frame.turn, seq=entry.seq, error=error)
+            log.error(events.LOG_TOOL_JOURNAL_REFUSED, session=runtime.id, turn=frame.turn, seq=entry.seq, error=error)
         await child.send(JournalAck(session=runtime.id, turn=frame.turn, seq=entry.seq, finished=finished, error=error))
 
     async def _open(self, runtime: SessionRuntime, child: Child, turn: PendingTurn) -> bool:
@@ -350,14 +350,14 @@ class TurnRunner:
                 await self.lease_lost(runtime, str(exc))
                 return
             except StoreError as exc:  # e.g. its results were committed meanwhile: nothing to abandon
-                log.warning("turn.abandon_failed", session=runtime.id, turn=turn.id, error=str(exc))
+                log.warning(events.LOG_TURN_ABANDON_FAILED, session=runtime.id, turn=turn.id, error=str(exc))
             record = TurnRecord(id=turn.id, status=status, started_at=turn.started_at, ended_at=now, error=error)
             await self._finish(runtime, turn, record)
 
     async def fail(self, runtime: SessionRuntime, error: str) -> None:
         """Mark the session failed (kept, visible, resumable by a new message); its turn ends failed."""
         runtime.state = "failed"
-        log.error("session.failed", session=runtime.id, error=error)
+        log.error(events.LOG_SESSION_FAILED, session=runtime.id, error=error)
         self.emit(runtime, events.SESSION_FAILED, runtime.pending.id if runtime.pending else None, {"error": error})
         if runtime.pending is not None:
             await self.end_without_result(runtime, runtime.pending, TurnStatus.FAILED, error)
@@ -395,7 +395,7 @@ class TurnRunner:
                 try:
                     await self.store.release(lease)
                 except StoreError as exc:
-                    log.warning("session.release_failed", session=runtime.id, error=str(exc))
+                    log.warning(events.LOG_SESSION_RELEASE_FAILED, session=runtime.id, error=str(exc))
         if self.pool is not None:
             runtime.child = None
             await self.pool.unload(runtime.id)
@@ -409,7 +409,7 @@ class TurnRunner:
         try:
             await self.store.release(lease)
         except StoreError as exc:  # it expires by itself
-            log.warning("session.release_failed", session=runtime.id, error=str(exc))
+            log.warning(events.LOG_SESSION_RELEASE_FAILED, session=runtime.id, error=str(exc))
 
     async def _finish(self, runtime: SessionRuntime, turn: PendingTurn, record: TurnRecord) -> None:
         if turn.record is not None:  # ended already (a close racing the commit): once only
@@ -469,7 +469,12 @@ class TurnRunner:
         session_id = getattr(frame, "session", None)
         runtime = self.sessions.get(session_id) if isinstance(session_id, str) else None
         if runtime is None:
-            log.debug("child.frame_for_unknown_session", child=child.id, session=session_id, frame=type(frame).__name__)
+            log.debug(
+                events.LOG_CHILD_FRAME_FOR_UNKNOWN_SESSION,
+                child=child.id,
+                session=session_id,
+                frame=type(frame).__name__,
+            )
             return
         match frame:
             case Event(name=name, turn=turn, data=data):
@@ -506,7 +511,7 @@ class TurnRunner:
                 runtime.generation, runtime.model = frame.generation, frame.model_to
                 self.metrics.swaps.labels(kind=frame.kind.value).inc()
             case Failed(turn=turn, error=error):
-                log.error("child.failed", child=child.id, session=runtime.id, turn=turn, error=error)
+                log.error(events.LOG_CHILD_FAILED, child=child.id, session=runtime.id, turn=turn, error=error)
                 if turn is None and runtime.child is child:  # it refused to open the session: not loaded there
                     runtime.child = None
                     child.loaded.discard(runtime.id)
@@ -538,7 +543,7 @@ class TurnRunner:
     async def _on_turn_done(self, runtime: SessionRuntime, child: Child, done: TurnDone) -> None:
         pending = runtime.pending
         if pending is None or pending.id != done.record.id or done.session != runtime.id:
-            log.warning("turn.unexpected", session=runtime.id, turn=done.record.id, child=child.id)
+            log.warning(events.LOG_TURN_UNEXPECTED, session=runtime.id, turn=done.record.id, child=child.id)
             return
         with anyio.CancelScope(shield=True):  # a turn's results are committed whatever else happens
             model = (
@@ -588,7 +593,11 @@ class TurnRunner:
                 if self.stopping:  # the turn stays stored as pending: it re-runs at the next start
                     return None
                 log.error(
-                    "turn.commit_failed", session=runtime.id, turn=done.record.id, error=str(exc), retry_in=backoff
+                    events.LOG_TURN_COMMIT_FAILED,
+                    session=runtime.id,
+                    turn=done.record.id,
+                    error=str(exc),
+                    retry_in=backoff,
                 )
                 if not pending.done.is_set():
                     pending.cut = f"the store could not commit the turn ({exc}); it is retried and kept"
@@ -599,7 +608,7 @@ class TurnRunner:
                     await self._stopped.wait()  # a stop ends the wait at once
                 backoff = min(backoff * 2, COMMIT_RETRY_MAX)
             except StoreError as exc:
-                log.error("turn.commit_refused", session=runtime.id, turn=done.record.id, error=str(exc))
+                log.error(events.LOG_TURN_COMMIT_REFUSED, session=runtime.id, turn=done.record.id, error=str(exc))
                 await self.end_without_result(
                     runtime,
                     pending,
@@ -692,4 +701,4 @@ class TurnRunner:
             try:
                 await call
             except StoreError as exc:
-                log.error("session.store_failed", session=session_id, error=str(exc))
+                log.error(events.LOG_SESSION_STORE_FAILED, session=session_id, error=str(exc))
