@@ -1,29 +1,21 @@
-"""Every store operation, written once, apart from I/O: generators that yield queries and get rows back.
+"""Every store operation, written once, apart from I/O (RFC 0003 §3, RFC 0009 §3–§4, RFC 0008 §5).
 
-An operation is a generator (``Op``): it yields a ``Query`` — the statement in the neutral form
-of ``agentd.store.dialect``, its parameters, and what it wants back — and is sent the answer:
-a row (or None) for ``ONE``, a list of rows for ``ALL``, the number of rows changed for
-``RUN``, None for ``MANY`` (one statement run once per parameter set). It returns the
-operation's result, or raises a ``StoreError`` that the caller hears as is. A row is read by
-column name only (``Row``): a ``sqlite3.Row`` and psycopg's dict rows both are one.
-
-Each backend drives an operation inside its own transaction machinery (``sqlite.drive`` on the
-sqlite3 connection in the SQLite worker thread, ``postgres.drive`` on a pooled psycopg
-connection), so the rules an operation keeps — what it checks, in which order, what it
-writes, the fence (RFC 0009 §4), recognising a commit that landed (RFC 0003 §3) — are one piece
-of code for both. Arguments were checked before (``agentd.store.sql_store``), and free text
-made storable by the backend's dialect: an operation only talks to the database.
+One generator per ``Store`` call (the protocol: ``agentd.store.sansio``), in the neutral SQL of
+``agentd.store.dialect``, run by each backend inside its own transaction machinery. So the rules
+an operation keeps — what it checks and in which order, what it writes, the fence, recognising a
+commit that landed — are one piece of code for both backends. Arguments were checked before
+(``agentd.store.sqlstore``) and free text made storable by the backend's dialect: an operation
+only talks to the database.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Generator, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
-from agentd.budget import TurnStatus, Usage
+from agentd.budget import TurnStatus
 from agentd.messages import Message, UserMessage
 from agentd.records import PENDING, JournalEntry, StartedTurn, TurnRecord
 from agentd.store import codec
@@ -31,241 +23,35 @@ from agentd.store.base import (
     ORPHANS,
     CommittedTurn,
     Lease,
-    LeaseLost,
     ReplicaRow,
     StoredEntry,
     StoredSession,
     StoreError,
     UnknownSession,
 )
-
-__all__ = ["Kind", "Op", "Query", "Row"]
-
-T = TypeVar("T")
-
-
-class Row(Protocol):
-    """A result row, read by column name (``sqlite3.Row``, psycopg's ``dict_row``)."""
-
-    def __getitem__(self, key: str, /) -> Any: ...
-
-
-class Kind(enum.Enum):
-    """What a query's answer is."""
-
-    ONE = "one"  # the first row, or None
-    ALL = "all"  # every row
-    RUN = "run"  # how many rows it changed
-    MANY = "many"  # the statement once per parameter set; None
-
-
-class Query(NamedTuple):
-    """One statement for the driver to run: neutral SQL, its named parameters, what it answers.
-
-    ``MANY`` runs it once per parameter set of ``each`` (iterated once, as it runs: a message is
-    encoded just before its row is written); ``params`` is for the others.
-    """
-
-    kind: Kind
-    sql: str
-    params: Mapping[str, Any]
-    each: Iterable[Mapping[str, Any]] = ()
-
-
-Op: TypeAlias = Generator[Query, Any, T]
-
-
-def _one(sql: str, **params: Any) -> Op[Row | None]:
-    row: Row | None = yield Query(Kind.ONE, sql, params)
-    return row
-
-
-def _all(sql: str, **params: Any) -> Op[list[Row]]:
-    rows: list[Row] = yield Query(Kind.ALL, sql, params)
-    return rows
-
-
-def _run(sql: str, **params: Any) -> Op[int]:
-    count: int = yield Query(Kind.RUN, sql, params)
-    return count
-
-
-def _many(sql: str, each: Iterable[Mapping[str, Any]]) -> Op[None]:
-    yield Query(Kind.MANY, sql, {}, each)
-
-
-# --------------------------------------------------------------------------- rows
-
-
-_SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_at, owner, lease_expires, fence"
-# A turn with its input message (for a pending turn, which has no record yet).
-_TURN_SELECT = (
-    "SELECT t.n, t.session, t.id, t.status, t.message_seq, t.models, t.steps, t.restarts, t.discarded,"
-    " t.input_tokens, t.output_tokens, t.started_at, t.ended_at, t.error, t.cancel_requested,"
-    " CASE WHEN t.status = 'pending' THEN e.message END AS input"
-    " FROM turns t LEFT JOIN entries e ON e.session = t.session AND e.seq = t.message_seq"
+from agentd.store.sansio import (
+    SESSION_COLUMNS,
+    TURN_SELECT,
+    WATCHERS,
+    Op,
+    Row,
+    check_fence,
+    execute,
+    execute_many,
+    fenced_turn_row,
+    fetch_all,
+    fetch_one,
+    insert_entries,
+    lease_from_row,
+    pending_turn_row,
+    prune_journal,
+    read_session,
+    session_from_row,
+    session_row,
+    started_from_row,
+    turn_from_row,
+    turn_row,
 )
-#: A claim's column: the other replicas watching the claimed session (``Lease.watchers``).
-_WATCHERS = (
-    "{words(}SELECT w.replica AS value FROM watches w WHERE w.session = sessions.id AND w.replica <> :replica"
-    " AND w.until > {now} ORDER BY w.replica{)words} AS watchers"
-)
-
-
-def _session_from_row(
-    row: Row, transcript: list[StoredEntry] | None = None, turns: list[TurnRecord | StartedTurn] | None = None
-) -> StoredSession:
-    return StoredSession(
-        id=row["id"],
-        assistant=row["assistant"],
-        state=row["state"],
-        generation=row["generation"],
-        model=row["model"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        transcript=transcript or [],
-        turns=turns or [],
-        turn_count=len(turns or []),
-    )
-
-
-def _turn_from_row(row: Row) -> TurnRecord | StartedTurn:
-    """A turn row of ``_TURN_SELECT``: its record, or the started turn while it is pending."""
-    if row["status"] == PENDING:
-        return _started_from_row(row)
-    return TurnRecord(
-        id=row["id"],
-        status=TurnStatus(row["status"]),
-        models=codec.decode_models(row["models"]),
-        steps=row["steps"],
-        restarts=row["restarts"],
-        discarded=codec.decode_discarded(row["discarded"]),
-        usage=Usage(row["input_tokens"], row["output_tokens"]),
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        error=row["error"],
-    )
-
-
-def _started_from_row(row: Row) -> StartedTurn:
-    message: UserMessage | None = None
-    if row["input"] is not None:
-        decoded = codec.decode_message(row["input"])
-        if not isinstance(decoded, UserMessage):
-            raise StoreError(f"session {row['session']} turn {row['id']}: its input entry is not a user message")
-        message = decoded
-    return StartedTurn(
-        id=row["id"], message=message, started_at=row["started_at"], cancel_requested=bool(row["cancel_requested"])
-    )
-
-
-def _lease_from_row(session: str, replica: str, row: Row, *, watchers: bool = True) -> Lease:
-    """A lease a claim or renewal wrote (``RETURNING fence, lease_expires``, and ``_WATCHERS`` but
-    for a renewal)."""
-    words = row["watchers"] if watchers else None
-    return Lease(
-        session=session,
-        replica=replica,
-        token=row["fence"],
-        expires_at=float(row["lease_expires"]),  # SQLite's RETURNING gives a whole number as an int
-        watchers=tuple(words.split()) if words else (),
-    )
-
-
-# --------------------------------------------------------------------------- shared steps
-
-
-def _session_row(session_id: str, *, lock: bool = False) -> Op[Row | None]:
-    """The session's row; with ``lock``, for a write that changes it (the writes of one session queue there)."""
-    lock_clause = "{lock}" if lock else ""
-    return (yield from _one(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = :id{lock_clause}", id=session_id))
-
-
-def _turn_row(session_id: str, turn_id: str) -> Op[Row | None]:
-    return (
-        yield from _one(f"{_TURN_SELECT} WHERE t.session = :session AND t.id = :id", session=session_id, id=turn_id)
-    )
-
-
-def _check_fence(session: Row, lease: Lease | None, refusal: str) -> None:
-    """The fence of a write (RFC 0009 §4): LeaseLost unless ``lease`` is None or the session's current lease.
-
-    ``session`` was read under the lock a claim needs too (SQLite's write lock; PostgreSQL's row
-    lock, ``{lock}``): no claim can come between this check and the write's commit.
-    """
-    if lease is None:
-        return
-    if lease.session != session["id"]:
-        raise StoreError(f"{refusal}: the lease given is for session {lease.session}")
-    if session["owner"] != lease.replica or session["fence"] != lease.token:
-        raise LeaseLost(lease, refusal, holder=session["owner"], holder_token=session["fence"])
-
-
-def _fenced_turn_row(session_id: str, turn_id: str, refusal: str, lease: Lease | None) -> Op[Row]:
-    """The turn's row, whatever its status, if the session and turn exist and ``lease`` (if any) is
-    current; else UnknownSession, LeaseLost or StoreError(``refusal``: why). Locks the session's row."""
-    session = yield from _session_row(session_id, lock=True)
-    if session is None:
-        raise UnknownSession(f"{refusal}: the session is unknown")
-    _check_fence(session, lease, refusal)
-    turn = yield from _turn_row(session_id, turn_id)
-    if turn is None:
-        raise StoreError(f"{refusal}: no such turn")
-    return turn
-
-
-def _pending_turn_row(session_id: str, turn_id: str, refusal: str, lease: Lease | None) -> Op[Row]:
-    """``_fenced_turn_row``, and StoreError(``refusal``) unless the turn is pending."""
-    turn = yield from _fenced_turn_row(session_id, turn_id, refusal, lease)
-    if turn["status"] != PENDING:
-        raise codec.not_pending(refusal, turn["status"])
-    return turn
-
-
-def _insert_entries(session_id: str, messages: Sequence[Message]) -> Op[list[int]]:
-    """Append ``messages`` as active entries after the session's highest seq; their seqs.
-
-    The caller holds the session's write lock, so no other transaction appends meanwhile. Each
-    message is encoded just before its row is written, inside the caller's transaction.
-    """
-    if not messages:
-        return []
-    row = yield from _one(
-        "SELECT COALESCE(MAX(seq), 0) AS last FROM entries WHERE session = :session", session=session_id
-    )
-    assert row is not None
-    last = int(row["last"])
-    rows = (
-        {"session": session_id, "seq": last + offset, "turn": message.turn, "message": codec.encode_message(message)}
-        for offset, message in enumerate(messages, start=1)
-    )
-    yield from _many(
-        "INSERT INTO entries (session, seq, turn, active, message) VALUES (:session, :seq, :turn, {true}, :message)",
-        rows,
-    )
-    return list(range(last + 1, last + 1 + len(messages)))
-
-
-def _prune_journal(session_id: str, turn_id: str) -> Op[int]:
-    """Delete a turn's journal: it ended, so nothing will run it again. Inside the ending transaction."""
-    return (
-        yield from _run(
-            "DELETE FROM journal WHERE session = :session AND turn = :turn", session=session_id, turn=turn_id
-        )
-    )
-
-
-def _load_session(session_id: str) -> Op[StoredSession | None]:
-    row = yield from _session_row(session_id)
-    if row is None:
-        return None
-    entries = yield from _all(
-        "SELECT seq, message FROM entries WHERE session = :session AND active = {true} ORDER BY seq", session=session_id
-    )
-    transcript = [StoredEntry(entry["seq"], codec.decode_message(entry["message"])) for entry in entries]
-    turns = yield from _all(f"{_TURN_SELECT} WHERE t.session = :session ORDER BY t.n", session=session_id)
-    return _session_from_row(row, transcript, [_turn_from_row(turn) for turn in turns])
-
 
 # --------------------------------------------------------------------------- sessions
 
@@ -274,7 +60,7 @@ def create_session(
     session_id: str, *, assistant: str, generation: int, model: str, created_at: float, transcript: Sequence[Message]
 ) -> Op[StoredSession]:
     """``Store.create_session``: the session row and its initial transcript; StoreError if the id is taken."""
-    inserted = yield from _run(
+    inserted = yield from execute(
         "INSERT INTO sessions (id, assistant, state, generation, model, created_at, updated_at)"
         " VALUES (:id, :assistant, 'idle', :generation, :model, :created_at, :created_at) ON CONFLICT (id) DO NOTHING",
         id=session_id,
@@ -285,8 +71,8 @@ def create_session(
     )
     if inserted == 0:
         raise StoreError(f"session {session_id} already exists")
-    yield from _insert_entries(session_id, transcript)
-    loaded = yield from _load_session(session_id)
+    yield from insert_entries(session_id, transcript)
+    loaded = yield from read_session(session_id)
     assert loaded is not None
     return loaded
 
@@ -294,12 +80,12 @@ def create_session(
 def update_session(session_id: str, fields: dict[str, Any], now: float, lease: Lease | None) -> Op[None]:
     """``Store.update_session``: set ``fields`` (checked by ``codec.session_fields``) and ``updated_at``."""
     where = f"session {session_id}"
-    row = yield from _session_row(session_id, lock=True)
+    row = yield from session_row(session_id, lock=True)
     if row is None:
         raise UnknownSession(f"{where} is unknown")
-    _check_fence(row, lease, f"cannot update {where}")
+    check_fence(row, lease, f"cannot update {where}")
     assignments = "".join(f"{name} = :{name}, " for name in fields)
-    yield from _run(
+    yield from execute(
         f"UPDATE sessions SET {assignments}updated_at = :updated_at WHERE id = :id",
         **fields,
         updated_at=now,
@@ -309,16 +95,16 @@ def update_session(session_id: str, fields: dict[str, Any], now: float, lease: L
 
 def load_session(session_id: str) -> Op[StoredSession | None]:
     """``Store.load_session``: the session with its active transcript and all its turns."""
-    return (yield from _load_session(session_id))
+    return (yield from read_session(session_id))
 
 
 def ended_turn(session_id: str, turn_id: str) -> Op[tuple[TurnRecord, list[StoredEntry]] | None]:
     """``Store.ended_turn``: a turn that ended and its active entries, without the rest of the transcript."""
-    row = yield from _turn_row(session_id, turn_id)
-    record = _turn_from_row(row) if row is not None else None
+    row = yield from turn_row(session_id, turn_id)
+    record = turn_from_row(row) if row is not None else None
     if not isinstance(record, TurnRecord):
         return None
-    entries = yield from _all(
+    entries = yield from fetch_all(
         "SELECT seq, message FROM entries WHERE session = :session AND turn = :turn AND active = {true} ORDER BY seq",
         session=session_id,
         turn=turn_id,
@@ -328,13 +114,13 @@ def ended_turn(session_id: str, turn_id: str) -> Op[tuple[TurnRecord, list[Store
 
 def session_summary(session_id: str) -> Op[StoredSession | None]:
     """``Store.session_summary``: the session's row only."""
-    row = yield from _session_row(session_id)
-    return None if row is None else _session_from_row(row)
+    row = yield from session_row(session_id)
+    return None if row is None else session_from_row(row)
 
 
 def transcript(session_id: str, exclude_turn: str | None) -> Op[list[Message]]:
     """``Store.transcript``: the active transcript, ``exclude_turn``'s entries left out."""
-    rows = yield from _all(
+    rows = yield from fetch_all(
         "SELECT message FROM entries WHERE session = :session AND active = {true} AND (turn IS NULL OR turn != :turn)"
         " ORDER BY seq",
         session=session_id,
@@ -347,32 +133,32 @@ def list_sessions(limit: int, after: str | None) -> Op[list[StoredSession]]:
     """``Store.list_sessions``: one page in creation order (``{order}``), with each session's turn count."""
     start = 0
     if after is not None:
-        row = yield from _one("SELECT {order} AS n FROM sessions WHERE id = :id", id=after)
+        row = yield from fetch_one("SELECT {order} AS n FROM sessions WHERE id = :id", id=after)
         if row is None:
             raise UnknownSession(f"no session {after!r} to page after")
         start = row["n"]
-    rows = yield from _all(
-        f"SELECT {_SESSION_COLUMNS}, (SELECT COUNT(*) FROM turns WHERE turns.session = sessions.id) AS turns"
+    rows = yield from fetch_all(
+        f"SELECT {SESSION_COLUMNS}, (SELECT COUNT(*) FROM turns WHERE turns.session = sessions.id) AS turns"
         " FROM sessions WHERE {order} > :start ORDER BY {order} LIMIT :limit",
         start=start,
         limit=limit,
     )
-    return [msgspec.structs.replace(_session_from_row(row), turn_count=row["turns"]) for row in rows]
+    return [msgspec.structs.replace(session_from_row(row), turn_count=row["turns"]) for row in rows]
 
 
 def interrupted_turns() -> Op[list[tuple[StoredSession, StartedTurn]]]:
     """``Store.interrupted_turns``: every pending turn of a session that is not closed, oldest first."""
-    turns = yield from _all(f"{_TURN_SELECT} WHERE t.status = :pending ORDER BY t.started_at, t.n", pending=PENDING)
+    turns = yield from fetch_all(f"{TURN_SELECT} WHERE t.status = :pending ORDER BY t.started_at, t.n", pending=PENDING)
     if not turns:
         return []
-    rows = yield from _all(
-        f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE state != 'closed'"
+    rows = yield from fetch_all(
+        f"SELECT {SESSION_COLUMNS} FROM sessions WHERE state != 'closed'"
         " AND id IN (SELECT session FROM turns WHERE status = :pending)",
         pending=PENDING,
     )
     sessions = {row["id"]: row for row in rows}
     return [
-        (_session_from_row(sessions[turn["session"]]), _started_from_row(turn))
+        (session_from_row(sessions[turn["session"]]), started_from_row(turn))
         for turn in turns
         if turn["session"] in sessions
     ]
@@ -381,14 +167,14 @@ def interrupted_turns() -> Op[list[tuple[StoredSession, StartedTurn]]]:
 def session_counts() -> Op[dict[str, int]]:
     """``Store.session_counts``: sessions per state, every state named."""
     counts = dict.fromkeys(sorted(codec.SESSION_STATES), 0)
-    rows = yield from _all("SELECT state, COUNT(*) AS count FROM sessions GROUP BY state")
+    rows = yield from fetch_all("SELECT state, COUNT(*) AS count FROM sessions GROUP BY state")
     counts.update({row["state"]: row["count"] for row in rows})
     return counts
 
 
 def open_sessions_by_assistant() -> Op[dict[str, int]]:
     """``Store.open_sessions_by_assistant``: sessions that are not closed, per assistant."""
-    rows = yield from _all(
+    rows = yield from fetch_all(
         "SELECT assistant, COUNT(*) AS count FROM sessions WHERE state != 'closed' GROUP BY assistant"
     )
     return {row["assistant"]: row["count"] for row in rows}
@@ -404,21 +190,21 @@ def begin_turn(
     statement that lets this commit return before it is synced, when the caller asked for that."""
     where = f"session {session_id} turn {turn_id}"
     if relaxed is not None:
-        yield from _run(relaxed)
-    row = yield from _session_row(session_id, lock=True)
+        yield from execute(relaxed)
+    row = yield from session_row(session_id, lock=True)
     if row is None:
         raise UnknownSession(f"cannot begin {where}: the session is unknown")
     if row["state"] == "closed":
         raise StoreError(f"cannot begin {where}: the session is closed")
-    pending = yield from _one(
+    pending = yield from fetch_one(
         "SELECT id FROM turns WHERE session = :session AND status = :pending", session=session_id, pending=PENDING
     )
     if pending is not None:
         raise StoreError(f"cannot begin {where}: turn {pending['id']} is still pending")
-    if (yield from _turn_row(session_id, turn_id)) is not None:
+    if (yield from turn_row(session_id, turn_id)) is not None:
         raise StoreError(f"cannot begin {where}: the session already has a turn with this id")
-    seq = None if message is None else (yield from _insert_entries(session_id, [message]))[0]
-    yield from _run(
+    seq = None if message is None else (yield from insert_entries(session_id, [message]))[0]
+    yield from execute(
         "INSERT INTO turns (session, id, status, message_seq, started_at)"
         " VALUES (:session, :id, :pending, :seq, :started_at)",
         session=session_id,
@@ -427,7 +213,7 @@ def begin_turn(
         seq=seq,
         started_at=started_at,
     )
-    yield from _run(
+    yield from execute(
         "UPDATE sessions SET state = 'running', updated_at = :now WHERE id = :id", now=started_at, id=session_id
     )
     return seq
@@ -451,7 +237,7 @@ def commit_turn(
     made storable); ``messages`` the new entries, the whole new active transcript if ``rewrite``.
     """
     refusal = f"cannot commit session {session_id} turn {record.id}"
-    turn = yield from _fenced_turn_row(session_id, record.id, refusal, lease)
+    turn = yield from fenced_turn_row(session_id, record.id, refusal, lease)
     if turn["status"] == PENDING:
         seqs = yield from _write_commit(session_id, turn, columns, messages, rewrite, assistant, model)
     else:  # ended already: by this very commit, whose answer was lost with its connection?
@@ -475,13 +261,13 @@ def _write_commit(
     """Write a pending turn's results in the caller's transaction: its entries (``rewrite``: as the
     new active transcript), its row, its session's assistant, model and state; delete its journal."""
     if rewrite:
-        yield from _run(
+        yield from execute(
             "UPDATE entries SET active = {false} WHERE session = :session AND active = {true}", session=session_id
         )
-    seqs = yield from _insert_entries(session_id, messages)
+    seqs = yield from insert_entries(session_id, messages)
     assignments = ", ".join(f"{name} = :{name}" for name in columns)
-    yield from _run(f"UPDATE turns SET {assignments} WHERE n = :n", **columns, n=turn["n"])
-    yield from _run(
+    yield from execute(f"UPDATE turns SET {assignments} WHERE n = :n", **columns, n=turn["n"])
+    yield from execute(
         "UPDATE sessions SET assistant = :assistant, updated_at = :ended_at, model = COALESCE(:model, model),"
         " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = :id",
         assistant=assistant,
@@ -489,7 +275,7 @@ def _write_commit(
         model=model,
         id=session_id,
     )
-    yield from _prune_journal(session_id, turn["id"])
+    yield from prune_journal(session_id, turn["id"])
     return tuple(seqs)
 
 
@@ -501,7 +287,7 @@ def _landed_commit(
     first = yield from _first_commit_seq(session_id, turn, rewrite)
     rows: list[Row] = []
     if first is not None:
-        rows = yield from _all(
+        rows = yield from fetch_all(
             "SELECT e.seq, e.active, e.message, EXISTS (SELECT 1 FROM turns t WHERE t.session = e.session"
             " AND t.message_seq = e.seq) AS input FROM entries e WHERE e.session = :session AND e.seq >= :first"
             " ORDER BY e.seq LIMIT :limit",
@@ -526,7 +312,7 @@ def _first_commit_seq(session_id: str, turn: Row, rewrite: bool) -> Op[int | Non
     if turn["message_seq"] is not None:
         return int(turn["message_seq"]) + 1
     where = "active = {true}" if rewrite else "turn = :turn"
-    row = yield from _one(
+    row = yield from fetch_one(
         f"SELECT MIN(seq) AS first FROM entries WHERE session = :session AND {where}",
         session=session_id,
         turn=turn["id"],
@@ -539,16 +325,16 @@ def abandon_turn(
 ) -> Op[None]:
     """``Store.abandon_turn``: end a pending turn without results; a running session becomes idle."""
     refusal = f"cannot abandon session {session_id} turn {turn_id}"
-    turn = yield from _pending_turn_row(session_id, turn_id, refusal, lease)
-    yield from _run(
+    turn = yield from pending_turn_row(session_id, turn_id, refusal, lease)
+    yield from execute(
         "UPDATE turns SET status = :status, error = :error, ended_at = :ended_at WHERE n = :n",
         status=status,
         error=error,
         ended_at=ended_at,
         n=turn["n"],
     )
-    yield from _prune_journal(session_id, turn_id)
-    yield from _run(
+    yield from prune_journal(session_id, turn_id)
+    yield from execute(
         "UPDATE sessions SET updated_at = :ended_at, state = CASE state WHEN 'running' THEN 'idle' ELSE state END"
         " WHERE id = :id",
         ended_at=ended_at,
@@ -558,17 +344,17 @@ def abandon_turn(
 
 def pending_turn(session_id: str) -> Op[StartedTurn | None]:
     """``Store.pending_turn``: the session's pending turn with its input; UnknownSession if the session is unknown."""
-    if (yield from _session_row(session_id)) is None:
+    if (yield from session_row(session_id)) is None:
         raise UnknownSession(f"session {session_id} is unknown")
-    row = yield from _one(
-        f"{_TURN_SELECT} WHERE t.session = :session AND t.status = :pending", session=session_id, pending=PENDING
+    row = yield from fetch_one(
+        f"{TURN_SELECT} WHERE t.session = :session AND t.status = :pending", session=session_id, pending=PENDING
     )
-    return None if row is None else _started_from_row(row)
+    return None if row is None else started_from_row(row)
 
 
 def request_cancel(session_id: str, turn_id: str) -> Op[bool]:
     """``Store.request_cancel``: mark the pending turn as asked to cancel; False if it is not pending."""
-    updated = yield from _run(
+    updated = yield from execute(
         "UPDATE turns SET cancel_requested = {true} WHERE session = :session AND id = :id AND status = :pending",
         session=session_id,
         id=turn_id,
@@ -585,8 +371,8 @@ def journal_start(
 ) -> Op[None]:
     """``Store.journal_start``: a started call of a pending turn, once (``arguments`` as stored)."""
     where = f"session {session_id} turn {turn_id} call {seq}"
-    yield from _pending_turn_row(session_id, turn_id, f"cannot journal {where}", lease)
-    inserted = yield from _run(
+    yield from pending_turn_row(session_id, turn_id, f"cannot journal {where}", lease)
+    inserted = yield from execute(
         "INSERT INTO journal (session, turn, seq, call, tool, arguments, started_at)"
         " VALUES (:session, :turn, :seq, :call, :tool, :arguments, :now) ON CONFLICT DO NOTHING",
         session=session_id,
@@ -606,8 +392,8 @@ def journal_finish(
 ) -> Op[None]:
     """``Store.journal_finish``: the result of a started call, once."""
     refusal = f"cannot journal the result of session {session_id} turn {turn_id} call {seq}"
-    yield from _pending_turn_row(session_id, turn_id, refusal, lease)
-    updated = yield from _run(
+    yield from pending_turn_row(session_id, turn_id, refusal, lease)
+    updated = yield from execute(
         "UPDATE journal SET finished_at = :now, content = :content, is_error = :is_error"
         " WHERE session = :session AND turn = :turn AND seq = :seq AND finished_at IS NULL",
         now=now,
@@ -623,7 +409,7 @@ def journal_finish(
 
 def journal_entries(session_id: str, turn_id: str) -> Op[list[JournalEntry]]:
     """``Store.journal_entries``: a turn's journaled calls in order."""
-    rows = yield from _all(
+    rows = yield from fetch_all(
         "SELECT seq, call, tool, arguments, finished_at, content, is_error FROM journal"
         " WHERE session = :session AND turn = :turn ORDER BY seq",
         session=session_id,
@@ -655,11 +441,11 @@ def claim(session_id: str, replica: str, ttl: float, turn: str | None) -> Op[Lea
         if turn is None
         else " AND EXISTS (SELECT 1 FROM turns t WHERE t.session = :id AND t.id = :turn AND t.status = :pending)"
     )
-    row = yield from _one(
+    row = yield from fetch_one(
         "UPDATE sessions SET owner = :replica, fence = CASE WHEN owner = :replica THEN fence ELSE fence + 1 END,"
         " lease_expires = {now} + :ttl WHERE id = :id AND state != 'closed'"
         " AND (owner IS NULL OR owner = :replica OR lease_expires <= {now})"
-        f"{turn_pending} RETURNING fence, lease_expires, {_WATCHERS}",
+        f"{turn_pending} RETURNING fence, lease_expires, {WATCHERS}",
         replica=replica,
         ttl=float(ttl),
         id=session_id,
@@ -667,8 +453,8 @@ def claim(session_id: str, replica: str, ttl: float, turn: str | None) -> Op[Lea
         pending=PENDING,
     )
     if row is not None:
-        return _lease_from_row(session_id, replica, row)
-    current = yield from _session_row(session_id)
+        return lease_from_row(session_id, replica, row)
+    current = yield from session_row(session_id)
     if current is None:
         raise UnknownSession(f"{what}: the session is unknown")
     if current["state"] == "closed":
@@ -678,27 +464,27 @@ def claim(session_id: str, replica: str, ttl: float, turn: str | None) -> Op[Lea
 
 def renew(replica: str, ttl: float) -> Op[dict[str, Lease]]:
     """``Store.renew``: extend every lease ``replica`` holds."""
-    rows = yield from _all(
+    rows = yield from fetch_all(
         "UPDATE sessions SET lease_expires = {now} + :ttl WHERE owner = :replica RETURNING id, fence, lease_expires",
         ttl=float(ttl),
         replica=replica,
     )
-    return {row["id"]: _lease_from_row(row["id"], replica, row, watchers=False) for row in rows}
+    return {row["id"]: lease_from_row(row["id"], replica, row, watchers=False) for row in rows}
 
 
 def release(lease: Lease, notice: str | None) -> Op[bool]:
     """``Store.release``; ``notice``: the dialect's statement that wakes other replicas' failover
     scans for the pending turn a released session leaves behind (a drain), if it has one."""
-    released = yield from _run(
+    released = yield from execute(
         "UPDATE sessions SET owner = NULL, lease_expires = NULL WHERE id = :id AND owner = :owner AND fence = :token",
         id=lease.session,
         owner=lease.replica,
         token=lease.token,
     )
-    if not released and (yield from _session_row(lease.session)) is None:
+    if not released and (yield from session_row(lease.session)) is None:
         raise UnknownSession(f"cannot release session {lease.session}: the session is unknown")
     if released and notice is not None:
-        yield from _run(notice, channel=ORPHANS, session=lease.session, pending=PENDING)
+        yield from execute(notice, channel=ORPHANS, session=lease.session, pending=PENDING)
     return bool(released)
 
 
@@ -706,7 +492,7 @@ def claim_orphaned(replica: str, ttl: float, limit: int) -> Op[list[Lease]]:
     """``Store.claim_orphaned``: the failover scan, oldest pending turn first; rows another scan
     holds are skipped, not waited for (``{skip_locked}``)."""
     pending_turn_of = "(SELECT t.{0} FROM turns t WHERE t.session = sessions.id AND t.status = :pending) AS {0}"
-    rows = yield from _all(
+    rows = yield from fetch_all(
         "WITH orphans AS ("
         " SELECT s.id FROM sessions s JOIN turns t ON t.session = s.id AND t.status = :pending"
         " WHERE s.state != 'closed' AND (s.owner IS NULL OR (s.owner != :replica AND s.lease_expires <= {now}))"
@@ -714,19 +500,19 @@ def claim_orphaned(replica: str, ttl: float, limit: int) -> Op[list[Lease]]:
         " UPDATE sessions SET owner = :replica, fence = sessions.fence + 1, lease_expires = {now} + :ttl"
         " FROM orphans WHERE sessions.id = orphans.id"
         f" RETURNING sessions.id, sessions.fence, sessions.lease_expires, {pending_turn_of.format('started_at')},"
-        f" {pending_turn_of.format('n')}, {_WATCHERS}",
+        f" {pending_turn_of.format('n')}, {WATCHERS}",
         pending=PENDING,
         replica=replica,
         limit=limit,
         ttl=float(ttl),
     )
     ordered = sorted(rows, key=lambda row: (row["started_at"], row["n"]))  # RETURNING has no order
-    return [_lease_from_row(row["id"], replica, row) for row in ordered]
+    return [lease_from_row(row["id"], replica, row) for row in ordered]
 
 
 def lease_of(session_id: str) -> Op[Lease | None]:
     """``Store.lease_of``: the live lease, by the lease clock."""
-    row = yield from _one(
+    row = yield from fetch_one(
         "SELECT owner, fence, lease_expires, {now} AS now FROM sessions WHERE id = :id", id=session_id
     )
     if row is None:
@@ -747,7 +533,7 @@ def _replica_from_row(row: Row) -> ReplicaRow:
 
 def beat(replica: str, generation: int, sessions: int) -> Op[ReplicaRow]:
     """``Store.beat``: the replica's row, created or replaced, seen now by the lease clock."""
-    row = yield from _one(
+    row = yield from fetch_one(
         "INSERT INTO replicas (id, generation, sessions, seen_at) VALUES (:id, :generation, :sessions, {now})"
         " ON CONFLICT (id) DO UPDATE SET generation = excluded.generation,"
         " sessions = excluded.sessions, seen_at = excluded.seen_at"
@@ -762,7 +548,7 @@ def beat(replica: str, generation: int, sessions: int) -> Op[ReplicaRow]:
 
 def live_replicas(max_age: float) -> Op[list[ReplicaRow]]:
     """``Store.live_replicas``: the replicas seen within ``max_age`` seconds, by id."""
-    rows = yield from _all(
+    rows = yield from fetch_all(
         "SELECT id, generation, sessions, seen_at FROM replicas WHERE seen_at > {now} - :max_age ORDER BY id",
         max_age=float(max_age),
     )
@@ -771,17 +557,17 @@ def live_replicas(max_age: float) -> Op[list[ReplicaRow]]:
 
 def watch(replica: str, sessions: Sequence[str], ttl: float) -> Op[None]:
     """``Store.watch``: ``replica``'s watches of ``sessions`` until ``ttl`` from now; expired ones deleted."""
-    yield from _many(
+    yield from execute_many(
         "INSERT INTO watches (session, replica, until) VALUES (:session, :replica, {now} + :ttl)"
         " ON CONFLICT (session, replica) DO UPDATE SET until = excluded.until",
         [{"session": session, "replica": replica, "ttl": float(ttl)} for session in sessions],
     )
-    yield from _run("DELETE FROM watches WHERE until <= {now}")
+    yield from execute("DELETE FROM watches WHERE until <= {now}")
 
 
 def unwatch(replica: str, sessions: Sequence[str]) -> Op[None]:
     """``Store.unwatch``: forget ``replica``'s watches of ``sessions``."""
-    yield from _many(
+    yield from execute_many(
         "DELETE FROM watches WHERE replica = :replica AND session = :session",
         [{"replica": replica, "session": session} for session in sessions],
     )

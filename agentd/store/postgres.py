@@ -1,7 +1,10 @@
 """The PostgreSQL store (RFC 0009): the same store on a database several replicas share.
 
-psycopg 3 (async, on anyio's asyncio backend) through a ``psycopg_pool`` connection pool. It keeps
-the rules of ``agentd.store.base``; what is PostgreSQL's own:
+psycopg 3 (async, on anyio's asyncio backend) through a ``psycopg_pool`` connection pool. Every
+store call is ``agentd.store.sqlstore.SqlStore``'s (its operations, ``agentd.store.operations``,
+are the SQLite store's too); this module runs them (``drive``, the SQL rendered by
+``dialect.POSTGRES``: row locks, the server's clock, ``SKIP LOCKED``) and has LISTEN/NOTIFY. What
+is PostgreSQL's own:
 
 - Every call is one transaction on a pooled connection. Writes run at READ COMMITTED and begin by
   locking their session's row (``SELECT … FOR UPDATE``), so the writes of one session are
@@ -45,7 +48,7 @@ from agentd.redact import redact_database_url
 from agentd.store import migrations
 from agentd.store.base import NOTIFY_CHANNELS, Lease, StoreError, StoreUnavailable
 from agentd.store.dialect import POSTGRES
-from agentd.store.operations import Kind, Op, Query
+from agentd.store.sansio import Kind, Op, Query, run_async
 from agentd.store.sqlstore import SqlStore
 
 __all__ = [
@@ -528,25 +531,16 @@ async def _migrate(conn: Conn) -> None:
 
 async def drive(conn: Conn, op: Op[T]) -> T:
     """Run the operation ``op`` (``agentd.store.operations``) to its end on ``conn``, in the caller's transaction."""
-    try:
-        query = next(op)
-        while True:
-            sql = POSTGRES.render(query.sql).sql
-            answer: Any = None
-            if query.kind is Kind.MANY:
-                async with conn.cursor() as many:
-                    await many.executemany(sql, query.each)
-            else:
-                cursor = await conn.execute(sql, query.params)
-                if query.kind is Kind.ONE:
-                    answer = await cursor.fetchone()
-                elif query.kind is Kind.ALL:
-                    answer = await cursor.fetchall()
-                else:
-                    answer = cursor.rowcount
-            query = op.send(answer)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
-    finally:
-        op.close()
+
+    async def answer(query: Query) -> Any:
+        sql = POSTGRES.render(query.sql).sql
+        if query.kind is Kind.MANY:
+            async with conn.cursor() as cursor:
+                await cursor.executemany(sql, query.each)
+            return None
+        result = await conn.execute(sql, query.params)
+        if query.kind is Kind.ONE:
+            return await result.fetchone()
+        return await result.fetchall() if query.kind is Kind.ALL else result.rowcount
+
+    return await run_async(op, answer)

@@ -6,7 +6,9 @@ of the process or of the machine — except a write its caller marks ``durable=F
 (``begin_turn`` of a message whose client waits for the turn's answer): it is in the database at
 once, so it survives a crash of the process, and becomes durable against a crash of the machine
 with the next durable commit (the WAL is one sequential file: syncing it syncs every earlier
-write). It keeps the rules of ``agentd.store.base``; what is SQLite's own:
+write). Every store call is ``agentd.store.sqlstore.SqlStore``'s (its operations,
+``agentd.store.operations``, are the PostgreSQL store's too); this module only runs them. What is
+SQLite's own:
 
 - Every database call runs in a worker thread, one at a time, on one connection, so the
   supervisor's event loop is never blocked by disk I/O (``anyio.to_thread.run_sync`` with a
@@ -14,8 +16,11 @@ write). It keeps the rules of ``agentd.store.base``; what is SQLite's own:
   transaction completes (or rolls back) before the cancellation is delivered.
 - Writes are group-committed (``_write``): one transaction and one fsync for every write that
   arrived while the previous batch was being written, each in a savepoint of its own.
-- Leases work as on PostgreSQL (one daemon owns the state dir, so in practice one replica holds
-  them all); their clock is this machine's ``time.time()``.
+- The operations' SQL is rendered by ``dialect.SQLITE`` and run by ``drive`` on the connection
+  (sync, in the worker thread). Leases work as on PostgreSQL (one daemon owns the state dir, so
+  in practice one replica holds them all); their clock is this machine's ``time.time()``.
+- Errors: ``_wrap`` — an I/O error, a full disk, a locked or damaged database are
+  ``StoreUnavailable``; a refused statement is ``StoreError``.
 
 The schema version lives in ``PRAGMA user_version``; ``agentd.store.migrations.SQLITE`` maps each
 version to the statements that bring the database from the previous version to it.
@@ -36,7 +41,7 @@ import msgspec
 from agentd.store import migrations
 from agentd.store.base import StoreError, StoreUnavailable
 from agentd.store.dialect import CLOCK, SQLITE
-from agentd.store.operations import Kind, Op
+from agentd.store.sansio import Kind, Op, Query, run
 from agentd.store.sqlstore import SqlStore
 
 __all__ = ["SqliteStore"]
@@ -174,35 +179,25 @@ def drive(conn: sqlite3.Connection, op: Op[T]) -> T:
     """Run the operation ``op`` (``agentd.store.operations``) to its end on ``conn``, in the caller's
     transaction. Runs in the worker thread.
 
-    The lease clock (``{now}``, bound as ``CLOCK``) is this machine's, read once: every
-    statement of one call sees one time.
+    The lease clock (``{now}``, bound as ``CLOCK``) is this machine's, read once: every statement
+    of one call sees one time.
     """
     clock = time.time()
-    try:
-        query = next(op)
-        while True:
-            rendered = SQLITE.render(query.sql)
-            answer: Any = None
-            if query.kind is Kind.MANY:
-                each = query.each
-                if rendered.clock:
-                    each = ({**one, CLOCK: clock} for one in each)
-                conn.executemany(rendered.sql, each)
-            else:
-                params = {**query.params, CLOCK: clock} if rendered.clock else query.params
-                cursor = conn.execute(rendered.sql, params)
-                if query.kind is Kind.ONE:
-                    answer = cursor.fetchone()
-                elif query.kind is Kind.ALL:
-                    answer = cursor.fetchall()
-                else:
-                    answer = cursor.rowcount
-            query = op.send(answer)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
-    finally:
-        op.close()
+
+    def answer(query: Query) -> Any:
+        rendered = SQLITE.render(query.sql)
+        if query.kind is Kind.MANY:
+            each = query.each
+            if rendered.clock:
+                each = ({**one, CLOCK: clock} for one in each)
+            conn.executemany(rendered.sql, each)
+            return None
+        cursor = conn.execute(rendered.sql, {**query.params, CLOCK: clock} if rendered.clock else query.params)
+        if query.kind is Kind.ONE:
+            return cursor.fetchone()
+        return cursor.fetchall() if query.kind is Kind.ALL else cursor.rowcount
+
+    return run(op, answer)
 
 
 def _connect(path: Path) -> sqlite3.Connection:

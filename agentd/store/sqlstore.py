@@ -34,6 +34,7 @@ from agentd.store.base import (
     StoreError,
 )
 from agentd.store.dialect import Dialect
+from agentd.store.sansio import Op
 
 __all__ = ["SqlStore"]
 
@@ -49,7 +50,7 @@ class SqlStore(Store):
     dialect: Dialect
 
     @abc.abstractmethod
-    async def _write(self, what: str, op: ops.Op[T], *, durable: bool = True) -> T:
+    async def _write(self, what: str, op: Op[T], *, durable: bool = True) -> T:
         """Run ``op`` in one write transaction: committed if it returns, rolled back if it raises.
 
         Its errors are StoreErrors named by ``what``; ``durable`` False: the commit may return
@@ -57,7 +58,7 @@ class SqlStore(Store):
         """
 
     @abc.abstractmethod
-    async def _read(self, what: str, op: ops.Op[T]) -> T:
+    async def _read(self, what: str, op: Op[T]) -> T:
         """Run ``op`` in one read-only transaction (a consistent snapshot)."""
 
     # ------------------------------------------------------------------ sessions
