@@ -1,9 +1,11 @@
 """Store calls: how long the store's busiest calls take, on both backends, in this process.
 
-    .venv/bin/python bench/store_ops.py [--sessions 200] [--turns 5] [--concurrency 8] [--repeat 3]
+    .venv/bin/python bench/store_ops.py [--sessions 200] [--turns 5] [--concurrency 8] [--repeat 3] [--dir DIR]
 
 No daemon: the script opens the store directly (SQLite in a temp dir; PostgreSQL on the test
 suite's own server, ``tests/pg_harness.py``, or ``AGENTD_TEST_PG_URL``) and, per backend:
+(``--dir``: where the SQLite file goes, e.g. ``/dev/shm`` to leave the disk's syncs out of the
+figures and see the store's own cost)
 
 1. ``serial``: ``--sessions`` sessions one after another, each ``create_session`` then
    ``--turns`` times ``begin_turn`` + ``commit_turn`` (two replies), then a ``load_session``;
@@ -39,10 +41,12 @@ from agentd.records import TurnRecord
 from agentd.store import SqliteStore, Store
 from tests.pg_harness import pg_server
 
+SQLITE_DIR: str | None = None  # --dir
+
 
 @asynccontextmanager
 async def sqlite_store() -> AsyncIterator[Store]:
-    with tempfile.TemporaryDirectory(prefix="agentd-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="agentd-bench-", dir=SQLITE_DIR) as tmp:
         store = await SqliteStore.open(Path(tmp) / "agentd.db")
         try:
             yield store
@@ -116,7 +120,10 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="where the SQLite file goes (default: the temp dir)")
     args = parser.parse_args()
+    global SQLITE_DIR
+    SQLITE_DIR = args.dir
     print(f"load average at start: {os.getloadavg()}")
     with pg_server() as server:
 
