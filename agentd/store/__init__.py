@@ -3,6 +3,11 @@
 ``Store`` is the interface (``agentd.store.base``); ``open_store`` opens the backend the config's
 ``[store] url`` names: SQLite in the state dir (the default, ``agentd.store.sqlite``) or
 PostgreSQL (``agentd.store.postgres``, which needs the ``agentd[postgres]`` extra).
+
+The calls are written once for both: ``sqlstore`` (the ``Store`` they share: argument checks),
+``operations`` (each call's queries and rules, as generators apart from I/O), ``sansio`` (their
+protocol, row decoding, shared steps), ``dialect`` (how each backend spells the SQL); a backend
+module keeps only its connection, transactions and errors (and PostgreSQL's LISTEN/NOTIFY).
 """
 
 from __future__ import annotations

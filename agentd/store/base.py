@@ -3,7 +3,9 @@
 A store keeps sessions, their transcripts and their turns, and — for deployments with several
 replicas on one database — which replica owns each session (a lease with a fencing token).
 ``SqliteStore`` (``agentd.store.sqlite``) and ``PostgresStore`` (``agentd.store.postgres``)
-implement ``Store`` with the same semantics, checked by one test-suite run against both.
+implement ``Store`` with the same semantics, checked by one test-suite run against both: each
+call is written once (``agentd.store.sqlstore``, ``agentd.store.operations``) and each backend
+only runs it.
 
 Rules every backend keeps:
 
