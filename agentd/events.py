@@ -88,3 +88,9 @@ LOG_SESSION_QUARANTINED: Final = "session.quarantined"  # its turns run on a chi
 LOG_STORE_WAITING: Final = "store.waiting"  # start-up: the store cannot be opened yet; tried again after retry_in
 LOG_STORE_OPENED: Final = "store.opened"  # start-up: the store opened after store.waiting
 LOG_SIGNAL: Final = "supervisor.signal"  # a signal and what the daemon does about it
+# The API's listeners (RFC 0000 §6): accept() failed (out of descriptors, of memory) — one line per
+# interval with the count not logged; every TCP slot is taken, clients wait in the backlog (same);
+# [server] max_connections was lowered to half the open-files limit at start.
+LOG_API_ACCEPT_FAILED: Final = "api.accept_failed"
+LOG_API_AT_CAPACITY: Final = "api.at_capacity"
+LOG_API_CONNECTION_CAP: Final = "api.connection_cap"
