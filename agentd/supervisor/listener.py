@@ -100,11 +100,9 @@ class RateLimitedLog:
     only once the interval has passed, each with ``suppressed``, the count of those not logged
     since the last line. A flood of failures costs a line per interval, not a line each."""
 
-    def __init__(
-        self, event: str, interval: float = ACCEPT_LOG_INTERVAL, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, event: str, interval: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.event = event
-        self.interval = interval
+        self.interval = ACCEPT_LOG_INTERVAL if interval is None else interval
         self._clock = clock
         self._last: float | None = None
         self.suppressed = 0
