@@ -160,11 +160,13 @@ class _Listeners:
     before the supervisor starts. ``serve`` then starts the servers, or points them at a new app.
     """
 
-    def __init__(self, state_dir: Path, listen: str | None, token: str, settings: ServerSettings) -> None:
+    def __init__(
+        self, state_dir: Path, listen: str | None, token: str, settings: ServerSettings | None = None
+    ) -> None:
         self.socket_path = state_dir / SOCKET_FILE
         self.listen = listen
         self.token = token
-        self.settings = settings
+        self.settings = settings or ServerSettings()
         self.front = SwitchableApp(build_waiting_app(lambda: "starting"))
         self.bound = False
         self._servers: list[tuple[ApiServer, socket.socket]] = []
