@@ -20,6 +20,7 @@ from typing import Any, NoReturn, TextIO
 import msgspec
 
 from agentd import __version__, events
+from agentd.apitoken import TOKEN_ENV, TokenError, api_token
 from agentd.client import DEFAULT_STATE_DIR, AgentdClient, ClientError, DaemonNotRunning, EventStream
 from agentd.config import (
     Config,
@@ -53,7 +54,6 @@ ENV_TWINS: dict[str, str] = {
     "--session": "AGENTD_SESSION",
     "--assistant": "AGENTD_ASSISTANT",
 }
-TOKEN_ENV = "AGENTD_API_TOKEN"
 DEFAULT_CONFIG_FILE = Path("agentd.toml")
 LOG_FORMATS = ("json", "console", "auto")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -115,7 +115,13 @@ def _client_state_dir(flag: str | None) -> Path:
 
 def _make_client(args: argparse.Namespace) -> AgentdClient:
     url = args.url or _env("AGENTD_URL")
-    return AgentdClient(_client_state_dir(args.state_dir), url=url)
+    token = None
+    if url:  # the token is sent only over TCP: one the daemon could never match is a usage error, not a 401
+        try:
+            token = api_token(os.environ)
+        except TokenError as exc:
+            raise UsageError(str(exc)) from None
+    return AgentdClient(_client_state_dir(args.state_dir), url=url, token=token or "")
 
 
 def _parse_bool(value: str, name: str) -> bool:
@@ -333,7 +339,11 @@ def run_options(args: argparse.Namespace, environ: Mapping[str, str] | None = No
     listen = args.listen or _env("AGENTD_LISTEN", env)
     if listen is not None:
         _check_listen(listen, "--listen" if args.listen else "AGENTD_LISTEN")
-        if not _env(TOKEN_ENV, env):
+        try:
+            token = api_token(env)
+        except TokenError as exc:
+            raise UsageError(str(exc)) from None
+        if token is None:
             raise UsageError(f"the TCP listener ({listen}) requires a bearer token: set {TOKEN_ENV}")
 
     watch = args.watch_config

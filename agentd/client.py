@@ -23,6 +23,7 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
+from agentd.apitoken import TOKEN_ENV, clean_token
 from agentd.causes import iter_causes
 from agentd.redact import redact_url
 from agentd.sse import SSEEvent, SSEParser, iter_sse
@@ -51,7 +52,6 @@ __all__ = [
 
 DEFAULT_STATE_DIR = Path(".agentd")
 SOCKET_NAME = "agentd.sock"
-TOKEN_ENV = "AGENTD_API_TOKEN"
 
 # Ordinary calls are answered quickly; a waited message and an event stream last as long as a turn,
 # whose deadline the daemon enforces, so those two have no read timeout of their own.
@@ -149,8 +149,9 @@ class AgentdClient:
     """One method per route of RFC 0000 §6. Use it as a context manager or call ``close()``.
 
     ``state_dir`` selects the unix socket (default ``./.agentd``); ``url`` selects TCP instead, in
-    which case ``token`` (default ``$AGENTD_API_TOKEN``) is sent as a bearer token. ``transport``
-    replaces the network entirely (tests).
+    which case ``token`` (default ``$AGENTD_API_TOKEN``) is sent as a bearer token, trimmed of
+    surrounding whitespace like the daemon trims it (``agentd.apitoken``; TokenError when it cannot
+    be sent). ``transport`` replaces the network entirely (tests).
     """
 
     def __init__(
@@ -166,7 +167,9 @@ class AgentdClient:
         self.url = url.rstrip("/") if url else None
         headers = {"Accept": "application/json", "User-Agent": "agentd-cli"}
         if self.url is not None:
-            secret = token if token is not None else os.environ.get(TOKEN_ENV)
+            # Trimmed as the daemon trims it (a token file's trailing newline); TokenError if unusable.
+            raw = os.environ.get(TOKEN_ENV) if token is None else token
+            secret = clean_token(raw, TOKEN_ENV if token is None else "the token") if raw else None
             if secret:
                 headers["Authorization"] = f"Bearer {secret}"
             base_url = self.url

@@ -233,6 +233,13 @@ class ServerSettings(_Section, frozen=True):
     # The largest request body (a user message with its images) the API accepts; larger → 413,
     # refused before anything is stored. Well under the 16 MiB frame, so an Input is one frame.
     max_message_bytes: Annotated[int, msgspec.Meta(ge=1024, le=8 * 1024 * 1024)] = 4 * 1024 * 1024
+    # Concurrent TCP connections; more wait in the kernel's backlog, unaccepted, so idle clients
+    # cannot spend the file descriptors children, the store and the unix socket need. At most half
+    # the open-files limit is used, whatever this says (agentd.supervisor.listener).
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1000
+    # A TCP client that has not sent its request headers by then is closed (also between the
+    # requests of a kept-alive connection): a slow or silent client cannot hold a slot for ever.
+    header_timeout: Seconds = 10.0
 
 
 class StoreSettings(_Section, frozen=True):

@@ -149,3 +149,10 @@ LOG_TURN_CRASHED: Final = "turn.crashed"
 LOG_TURN_INTERNAL_ERROR: Final = "turn.internal_error"
 LOG_TURN_RERUN: Final = "turn.rerun"
 LOG_TURN_UNEXPECTED: Final = "turn.unexpected"
+
+# The API's listeners (RFC 0000 §6): accept() failed (out of descriptors, of memory) — one line per
+# interval with the count not logged; every TCP slot is taken, clients wait in the backlog (same);
+# [server] max_connections was lowered to half the open-files limit at start.
+LOG_API_ACCEPT_FAILED: Final = "api.accept_failed"
+LOG_API_AT_CAPACITY: Final = "api.at_capacity"
+LOG_API_CONNECTION_CAP: Final = "api.connection_cap"

@@ -801,3 +801,29 @@ def test_a_schema_error_the_field_walk_missed_is_still_reported_at_msgspecs_path
         with pytest.raises(msgspec.ValidationError) as error:
             msgspec.convert(value, _Inner)
         assert _error_path(error.value) == path
+
+
+# --------------------------------------------------------------------------- [server] connection bounds
+
+
+def test_server_connection_bounds_default_and_parse() -> None:
+    assert (Config().server.max_connections, Config().server.header_timeout) == (1000, 10.0)
+    config = parse_config('[server]\nmax_connections = 8\nheader_timeout = "500ms"\n')
+    assert (config.server.max_connections, config.server.header_timeout) == (8, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "fragment"),
+    [
+        ("[server]\nmax_connections = 0\n", "server.max_connections", ">= 1"),
+        ('[server]\nmax_connections = "1000"\n', "server.max_connections", "int"),
+        ("[server]\nmax_connections = 1000001\n", "server.max_connections", "<= 1000000"),
+        ("[server]\nheader_timeout = 10\n", "server.header_timeout", "expected a duration string"),
+        ('[server]\nheader_timeout = "0s"\n', "server.header_timeout", "greater than zero"),
+        ('[server]\nheader_timeout = "soon"\n', "server.header_timeout", "invalid duration"),
+    ],
+)
+def test_server_connection_bounds_are_validated_with_their_path(text: str, path: str, fragment: str) -> None:
+    issues = issues_of(text)
+    assert list(issues) == [path]
+    assert fragment in issues[path]

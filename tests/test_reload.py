@@ -113,3 +113,11 @@ def test_the_store_is_restart_only_like_the_server() -> None:
     assert plan.restart_required == ["store.url", "store.lease"]
     assert plan.config.store == old.store
     assert plan.changed == []
+
+
+def test_the_listener_bounds_are_restart_only_like_listen() -> None:
+    old = parse_config(BASE)
+    new = parse_config('[server]\nmax_connections = 8\nheader_timeout = "1s"\n' + BASE)
+    plan = plan_reload(old, new)
+    assert plan.restart_required == ["server.max_connections", "server.header_timeout"]
+    assert plan.config.server == old.server and plan.changed == []

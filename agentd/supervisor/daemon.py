@@ -32,16 +32,25 @@ import anyio
 import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
-import uvicorn
 from starlette.types import ASGIApp
 
 from agentd import events
 from agentd.api import BearerAuth, SwitchableApp, build_app, build_waiting_app
-from agentd.config import READ_TIMEOUT, Config, ConfigError, PolicyChoice, StoreSettings, resolve_swap_policy
+from agentd.apitoken import TOKEN_ENV, TokenError, api_token
+from agentd.config import (
+    READ_TIMEOUT,
+    Config,
+    ConfigError,
+    PolicyChoice,
+    ServerSettings,
+    StoreSettings,
+    resolve_swap_policy,
+)
 from agentd.environment import register_secrets
 from agentd.obs import configure_logging, get_logger
 from agentd.store import Store, StoreError, StoreUnavailable, open_store, store_location
 from agentd.supervisor.core import Supervisor, load_daemon_config
+from agentd.supervisor.listener import TCP_BACKLOG, ApiServer, connection_cap
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.replica import ENV_REPLICA_ID, replica_id
 from agentd.supervisor.systemd import notify
@@ -117,20 +126,9 @@ def bind_tcp_socket(listen: str) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host.strip("[]") or "0.0.0.0", int(port)))
-    sock.listen(128)
+    sock.listen(TCP_BACKLOG)  # clients over [server] max_connections wait here, unaccepted
     sock.setblocking(False)
     return sock
-
-
-class _ApiServer(uvicorn.Server):
-    """uvicorn without its own signal handling: the daemon owns the signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    def install_signal_handlers(self) -> None:  # older uvicorn releases
-        return None
 
 
 def store_retry_delay(attempt: int) -> float:
@@ -143,12 +141,7 @@ def store_retry_delay(attempt: int) -> float:
     return min(STORE_RETRY_MAX, STORE_RETRY_FIRST * 2.0**doublings)
 
 
-def _server(app: object) -> _ApiServer:
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=2)  # type: ignore[arg-type]
-    return _ApiServer(config)
-
-
-async def _serve_until_done(server: _ApiServer, sock: socket.socket, done: anyio.Event) -> None:
+async def _serve_until_done(server: ApiServer, sock: socket.socket, done: anyio.Event) -> None:
     try:
         await server.serve(sockets=[sock])
     finally:
@@ -168,23 +161,40 @@ class _Listeners:
     before the supervisor starts. ``serve`` then starts the servers, or points them at a new app.
     """
 
-    def __init__(self, state_dir: Path, listen: str | None, token: str) -> None:
+    def __init__(self, state_dir: Path, listen: str | None, token: str, settings: ServerSettings | None = None) -> None:
         self.socket_path = state_dir / SOCKET_FILE
         self.listen = listen
         self.token = token
+        self.settings = settings or ServerSettings()
         self.front = SwitchableApp(build_waiting_app(lambda: "starting"))
         self.bound = False
-        self._servers: list[tuple[_ApiServer, socket.socket]] = []
+        self._servers: list[tuple[ApiServer, socket.socket]] = []
         self._served: list[anyio.Event] = []
 
     def bind(self) -> None:
-        """Bind every listener (OSError if one cannot be); nothing is served until ``serve``. Idempotent."""
+        """Bind every listener (OSError if one cannot be); nothing is served until ``serve``. Idempotent.
+
+        TCP gets the bounds of ``[server]``: ``max_connections`` (at most half the open-files
+        limit) and ``header_timeout``. The unix socket, whose mode admits only the daemon's own
+        user, gets neither: it must answer when TCP is full.
+        """
         if self.bound:
             return
         self.bound = True  # from here on close() removes the socket file
-        self._servers.append((_server(self.front), bind_unix_socket(self.socket_path)))
+        self._servers.append((ApiServer(self.front, name="unix"), bind_unix_socket(self.socket_path)))
         if self.listen:
-            self._servers.append((_server(BearerAuth(self.front, self.token)), bind_tcp_socket(self.listen)))
+            configured = self.settings.max_connections
+            cap = connection_cap(configured)
+            if cap < configured:
+                fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+                log.warning(events.LOG_API_CONNECTION_CAP, configured=configured, effective=cap, fd_limit=fd_limit)
+            server = ApiServer(
+                BearerAuth(self.front, self.token),
+                name=self.listen,
+                max_connections=cap,
+                header_timeout=self.settings.header_timeout,
+            )
+            self._servers.append((server, bind_tcp_socket(self.listen)))
 
     def serve(self, app: ASGIApp, tg: anyio.abc.TaskGroup) -> None:
         """Serve ``app`` on every listener from now on: the servers start the first time."""
@@ -284,9 +294,14 @@ def run_daemon(options: DaemonOptions) -> int:
     register_secrets(os.environ, config)  # before anything is logged about the config
     state_dir = options.state_dir or Path(os.environ.get("AGENTD_STATE_DIR") or config.server.state_dir or ".agentd")
     listen = options.listen or config.server.listen
-    token = os.environ.get("AGENTD_API_TOKEN", "")
-    if listen and not token:
-        return _fail("--listen needs a bearer token: set AGENTD_API_TOKEN", EXIT_CONFIG)
+    token = ""
+    if listen:
+        try:  # trimmed (a Secret made from a file ends in a newline); one no client could send is refused
+            token = api_token(os.environ) or ""
+        except TokenError as exc:
+            return _fail(str(exc), EXIT_CONFIG)
+        if not token:
+            return _fail(f"--listen needs a bearer token: set {TOKEN_ENV}", EXIT_CONFIG)
     try:
         replica_id()  # the supervisor's own call cannot fail after this
     except ValueError as exc:
@@ -312,7 +327,7 @@ async def _serve(
     early: EarlySignals,
 ) -> int:
     use_pidfd_child_watcher()
-    api = _Listeners(state_dir, listen, token)
+    api = _Listeners(state_dir, listen, token, config.server)
     opened: list[Store] = []  # the store once open: closed whatever happens next
     exit_code, ran = EXIT_RUNTIME, False
     try:
