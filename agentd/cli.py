@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TextIO
 
 import msgspec
 
-from agentd import __version__, events
+from agentd import __version__, early_signals, events
 from agentd.apitoken import TOKEN_ENV, TokenError, api_token
 from agentd.client import DEFAULT_STATE_DIR, AgentdClient, ClientError, DaemonNotRunning, EventStream
 from agentd.config import (
@@ -791,10 +791,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version and usage errors: keep main() returning a code
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
-    if handler is not cmd_run:  # only the daemon keeps the signals recorded at launch (agentd/entry.py)
-        from agentd import entry
-
-        entry.release()
+    if handler is not cmd_run:  # only the daemon keeps the signals recorded at launch (agentd/early_signals.py)
+        early_signals.release()
     if handler is None:
         parser.print_help(sys.stderr)
         return 2

@@ -156,3 +156,12 @@ LOG_TURN_UNEXPECTED: Final = "turn.unexpected"
 LOG_API_ACCEPT_FAILED: Final = "api.accept_failed"
 LOG_API_AT_CAPACITY: Final = "api.at_capacity"
 LOG_API_CONNECTION_CAP: Final = "api.connection_cap"
+LOG_STORE_DRIVER: Final = "store.driver"
+LOG_STORE_LISTEN_FAILED: Final = "store.listen_failed"
+LOG_STORE_NOTIFY_FAILED: Final = "store.notify_failed"
+LOG_MCP_CONNECT_FAILED: Final = "mcp.connect_failed"
+
+# --- log events named where they are logged (RFC 0000 §8) -------------------------------------
+LOG_SUPERVISOR_FD_LIMIT: Final = "supervisor.fd_limit"
+LOG_SUPERVISOR_STARTED: Final = "supervisor.started"
+LOG_SUPERVISOR_STOPPED: Final = "supervisor.stopped"

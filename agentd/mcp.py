@@ -288,7 +288,9 @@ class McpConnection:
             if self._close_requested.is_set():
                 break
             log.warning(
-                events.LOG_MCP_DISCONNECTED if was_up else "mcp.connect_failed", server=self.name, error=self.error
+                events.LOG_MCP_DISCONNECTED if was_up else events.LOG_MCP_CONNECT_FAILED,
+                server=self.name,
+                error=self.error,
             )
             if was_up:  # it worked until now: try again at once, then back off
                 backoff = RECONNECT_START

@@ -43,6 +43,7 @@ from psycopg import conninfo as pg_conninfo
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from agentd import events
 from agentd.obs import get_logger
 from agentd.redact import redact_database_url
 from agentd.store import migrations
@@ -224,7 +225,7 @@ class PostgresStore(SqlStore):
         try:
             await self._write(f"notify {channel}", op())
         except StoreError as exc:
-            log.debug("store.notify_failed", channel=channel, error=str(exc))
+            log.debug(events.LOG_STORE_NOTIFY_FAILED, channel=channel, error=str(exc))
 
     async def notify_many(self, notes: Sequence[tuple[str, str]], *, fences: Sequence[Lease | None] = ()) -> str | None:
         rows = [
@@ -302,7 +303,7 @@ class PostgresStore(SqlStore):
         await anyio.sleep(min(delay, seconds))
 
     async def _drop_listener(self, exc: BaseException) -> None:
-        log.debug("store.listen_failed", error=self._scrub(str(exc)))
+        log.debug(events.LOG_STORE_LISTEN_FAILED, error=self._scrub(str(exc)))
         if self._deaf_since is None:
             self._deaf_since = self._heard_at if self._heard_at is not None else time.time()
         broken, self._listener = self._listener, None
@@ -486,7 +487,7 @@ class _DriverLogs(logging.Handler):
     """psycopg's log records as agentd's structured ``store.driver`` lines (not stray text on stderr)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        log.warning("store.driver", logger=record.name, message=" ".join(record.getMessage().split()))
+        log.warning(events.LOG_STORE_DRIVER, logger=record.name, message=" ".join(record.getMessage().split()))
 
 
 def _route_driver_logs() -> None:

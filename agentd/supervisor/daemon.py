@@ -34,7 +34,7 @@ import anyio.from_thread
 import anyio.lowlevel
 from starlette.types import ASGIApp
 
-from agentd import events
+from agentd import early_signals, events
 from agentd.api import BearerAuth, SwitchableApp, build_app, build_waiting_app
 from agentd.apitoken import TOKEN_ENV, TokenError, api_token
 from agentd.config import (
@@ -234,13 +234,11 @@ class EarlySignals:
     SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
-        from agentd import entry
-
         self.received: list[int] = []
         for signum in self.SIGNALS:
             signal.signal(signum, self._remember)
         # What arrived before this, from the launch on (the entry point's handler), comes first.
-        self.received[:0] = entry.take()
+        self.received[:0] = early_signals.take()
 
     def _remember(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
@@ -257,7 +255,7 @@ def raise_fd_limit() -> None:
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     except (ValueError, OSError) as exc:
-        log.warning("supervisor.fd_limit", soft=soft, hard=hard, error=str(exc))
+        log.warning(events.LOG_SUPERVISOR_FD_LIMIT, soft=soft, hard=hard, error=str(exc))
 
 
 def use_pidfd_child_watcher() -> None:
@@ -343,7 +341,7 @@ async def _serve(
                 await store.close()
         api.close()
     if ran:
-        log.info("supervisor.stopped", exit_code=exit_code)
+        log.info(events.LOG_SUPERVISOR_STOPPED, exit_code=exit_code)
     return exit_code
 
 
@@ -408,7 +406,7 @@ async def _run(
     if watch is not None:
         tg.start_soon(_watch_config, supervisor, watch, config_seen)
     log.info(
-        "supervisor.started",
+        events.LOG_SUPERVISOR_STARTED,
         pid=os.getpid(),
         state_dir=str(state_dir),
         store=store.location,

@@ -1,0 +1,108 @@
+"""The package's layout keeps the rules of RFC 0000 §8 and the README's "Layout": no import cycles
+anywhere in ``agentd/``, and every log event named by a constant of ``agentd/events.py``.
+
+Read from the source with ``ast`` (nothing is imported), so a function-level import counts as an
+edge like any other: a cycle that only a lazy import hides is still a cycle in the design.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "agentd"
+LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name)."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports (a ``from package import submodule`` is an edge
+    to the submodule, not to the package)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    edges = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            edges |= {alias.name for alias in node.names if alias.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            subs = {f"{base}.{alias.name}" for alias in node.names} & known.keys()
+            edges |= subs
+            if len(subs) < len(node.names) and base in known:
+                edges.add(base)
+    edges.discard(name)
+    return edges
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_package_has_no_import_cycles() -> None:
+    known = modules()
+    graph = {name: imports_of(name, path, known) for name, path in known.items()}
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def literal_log_events(path: Path) -> Iterator[str]:
+    """``file:line event`` for each log call whose event is a string literal, not a constant."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in LEVELS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "log"
+            and node.args
+            and any(isinstance(part, ast.Constant) and isinstance(part.value, str) for part in ast.walk(node.args[0]))
+        ):
+            yield f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+
+
+def test_every_log_event_is_named_by_a_constant_of_the_events_module() -> None:
+    assert [where for path in sorted(PACKAGE.rglob("*.py")) for where in literal_log_events(path)] == []
