@@ -795,7 +795,7 @@ class _Inner(msgspec.Struct):
 
 
 def test_a_schema_error_the_field_walk_missed_is_still_reported_at_msgspecs_path() -> None:
-    from agentd.config import _error_path
+    from agentd.config.checks import error_path as _error_path
 
     for value, path in [({"table": {"x": 1}}, "table"), ({"items": [1, "x"]}, "items[1]"), (3, "")]:
         with pytest.raises(msgspec.ValidationError) as error:
