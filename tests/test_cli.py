@@ -406,12 +406,12 @@ def test_default_state_dir_and_env_twin(tmp_path: Path) -> None:
 
 def test_client_state_dir_follows_config_server_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert cli._client_state_dir(None) == Path(".agentd")
+    assert cli.client_state_dir(None) == Path(".agentd")
     (tmp_path / "agentd.toml").write_text('[server]\nstate_dir = "from-file"\n')
-    assert cli._client_state_dir(None) == Path("from-file")
+    assert cli.client_state_dir(None) == Path("from-file")
     monkeypatch.setenv("AGENTD_STATE_DIR", "from-env")
-    assert cli._client_state_dir(None) == Path("from-env")
-    assert cli._client_state_dir("from-flag") == Path("from-flag")
+    assert cli.client_state_dir(None) == Path("from-env")
+    assert cli.client_state_dir("from-flag") == Path("from-flag")
 
 
 def test_stale_socket_is_not_running(short_dir: Path) -> None:

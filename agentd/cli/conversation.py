@@ -1,0 +1,268 @@
+"""``agentd send`` and ``agentd chat``: a conversation from the terminal, and how a turn's events
+read there (RFC 0000 §4)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agentd import events
+from agentd.cli.common import (
+    OK_STATUSES,
+    UsageError,
+    err,
+    make_client,
+    one_line,
+    out,
+    to_json,
+    twin_value,
+)
+from agentd.client import AgentdClient, ClientError, EventStream
+from agentd.views import Accepted, Entry, MessageResult, SessionView
+
+# --------------------------------------------------------------------------- send / chat
+
+
+def reply_entries(messages: Sequence[Entry]) -> list[Entry]:
+    """The reply of a turn: assistant entries with content after its last tool-calling one.
+
+    Content that came with tool calls is a step's commentary, not the answer; after a transfer
+    the reply is the old assistant's message and the new one's opener.
+    """
+    last_call = max((i for i, e in enumerate(messages) if e.role == "assistant" and e.tool_calls), default=-1)
+    return [e for e in messages[last_call + 1 :] if e.role == "assistant" and e.content]
+
+
+def _speaker(entry: Entry, fallback: str) -> str:
+    who = entry.assistant or fallback
+    return f"{who} ({entry.model})" if entry.model else who
+
+
+def _turn_note(status: str, error: str | None) -> str:
+    return f"turn {status}" + (f": {error}" if error else "")
+
+
+def _read_text(args: argparse.Namespace) -> str:
+    if args.text == ["-"]:
+        return sys.stdin.read()
+    return " ".join(args.text)
+
+
+def _read_images(paths: Sequence[str]) -> list[str]:
+    images: list[str] = []
+    for path in paths:
+        try:
+            images.append(base64.b64encode(Path(path).read_bytes()).decode("ascii"))
+        except OSError as exc:
+            raise UsageError(f"--image {path}: {exc.strerror or exc}") from None
+    return images
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    """``agentd send``: one waited message; the reply on stdout, a new session's id on stderr."""
+    text = _read_text(args)
+    if not text.strip():
+        raise UsageError("the message is empty")
+    images = _read_images(args.image)
+    session_id = args.session or twin_value("AGENTD_SESSION")
+    with make_client(args) as client:
+        if session_id is None:
+            session = client.create_session(args.assistant or twin_value("AGENTD_ASSISTANT"))
+            session_id = session.id
+            # The bare id alone on its line, so scripts can capture it.
+            out(session_id, sys.stderr)
+        result = client.send_message(session_id, text, images=images or None, wait=True)
+    if isinstance(result, Accepted):  # only if the daemon ignored wait=true
+        err(f"the daemon did not wait for the turn; it runs as {result.turn_id}")
+        return 1
+    replies = reply_entries(result.messages)
+    if replies:
+        out(replies[-1].content)
+    turn = result.turn
+    if turn.status == "completed":
+        return 0
+    if turn.status in OK_STATUSES:
+        out(f"({_turn_note(turn.status, turn.error)})", sys.stderr)
+        return 0
+    err(_turn_note(turn.status, turn.error))
+    return 1
+
+
+def describe_event(name: str, data: Mapping[str, Any]) -> str | None:
+    """The line ``agentd chat`` prints for a session event, or None for events it does not show.
+
+    The final step's content is left out: it is the reply, printed once the turn is done.
+    """
+    match name:
+        case events.TOOL_CALL:
+            return f"  -> tool {data.get('name')}({to_json(data.get('arguments', {}))})"
+        case events.TOOL_RESULT:
+            flags = "".join(f" [{flag}]" for flag in ("is_error", "replayed") if data.get(flag))
+            flags = flags.replace("is_error", "error")
+            return f"  <- {data.get('name')}{flags}: {one_line(str(data.get('content', '')))}"
+        case events.SWAP_PARKED:
+            return (
+                f"  [swap parked] {data.get('model_from')} -> {data.get('model_to')} "
+                f"(generation {data.get('generation')}, policy {data.get('policy')})"
+            )
+        case events.SWAP_APPLIED:
+            return (
+                f"  [swap applied] {data.get('model_from')} -> {data.get('model_to')} "
+                f"(generation {data.get('generation')}, {data.get('kind')}, policy {data.get('policy')})"
+            )
+        case events.TURN_RESTARTED:
+            return (
+                f"  [turn restarted] {data.get('model_from')} -> {data.get('model_to')} "
+                f"(restart {data.get('restarts')}, {data.get('discarded_steps')} step(s) discarded)"
+            )
+        case events.TRANSFER:
+            return f"  [transfer] {data.get('from')} -> {data.get('to')} ({data.get('mode')})"
+        case events.STEP_DONE:
+            lines: list[str] = []
+            if data.get("thinking"):
+                lines.append(f"  [thinking] {one_line(str(data['thinking']))}")
+            if data.get("tool_calls") and data.get("content"):
+                lines.append(f"  [step {data.get('step')}, {data.get('model')}] {data['content']}")
+            return "\n".join(lines) or None
+        case events.SESSION_FAILED:
+            return f"  [session failed] {data.get('error')}"
+    return None
+
+
+def _print_reply(messages: Sequence[Entry], assistant: str) -> None:
+    for entry in reply_entries(messages):
+        out(f"{_speaker(entry, assistant)}: {entry.content}")
+
+
+def _print_turn_end(status: str | None, models: Sequence[str], restarts: int, error: str | None) -> None:
+    if len(models) > 1 or restarts:
+        out(f"  [turn used {', '.join(models)}; {restarts} restart(s)]")
+    if status and status != "completed":
+        out(f"  [{_turn_note(status, error)}]")
+
+
+class _Chat:
+    """One interactive session: read a line, start its turn, show its events, print the reply."""
+
+    def __init__(self, client: AgentdClient, session: SessionView) -> None:
+        self.client = client
+        self.session = session
+        self.assistant = session.assistant
+
+    def turn(self, text: str) -> None:
+        """Run one user message through to the end of its turn."""
+        # Subscribe before posting: a turn's first events can come before the POST is answered.
+        with self.client.events(self.session.id) as stream:
+            answer = self.client.send_message(self.session.id, text, wait=False)
+            if isinstance(answer, MessageResult):  # a daemon that ran it synchronously anyway
+                _print_reply(answer.messages, self.assistant)
+                turn = answer.turn
+                _print_turn_end(turn.status, turn.models, turn.restarts, turn.error)
+                return
+            try:
+                finished = self._follow(stream, answer.turn_id)
+            except KeyboardInterrupt:
+                self.client.cancel(self.session.id)
+                out("  [cancel requested]")
+                return
+            except ClientError as exc:
+                if exc.code != "stream_lost":
+                    raise
+                finished = False
+        if not finished:
+            self._recover(answer.turn_id)
+
+    def _follow(self, stream: EventStream, turn_id: str) -> bool:
+        """Print events until this turn is done; False if the stream ended first."""
+        for name, data in stream:
+            if data.get("turn") not in (None, turn_id):
+                continue  # another turn's event (there is one turn at a time, so a stray)
+            if name == events.TRANSFER and data.get("to"):
+                self.assistant = str(data["to"])
+            line = describe_event(name, data)
+            if line:
+                out(line)
+            if name == events.SESSION_FAILED:
+                return True
+            if name == events.TURN_DONE and data.get("turn") == turn_id:
+                try:
+                    messages = msgspec.convert(data.get("messages") or [], list[Entry])
+                except msgspec.ValidationError as exc:
+                    raise ClientError(
+                        200, "bad_event", f"turn.done carries messages the client cannot read: {exc}"
+                    ) from None
+                _print_reply(messages, self.assistant)
+                _print_turn_end(
+                    data.get("status"),
+                    list(data.get("models") or []),
+                    int(data.get("restarts") or 0),
+                    data.get("error"),
+                )
+                return True
+        return False
+
+    def _recover(self, turn_id: str) -> None:
+        """The event stream ended early: show the turn's outcome from the session itself."""
+        session = self.client.get_session(self.session.id)
+        turn = next((t for t in session.turns if t.id == turn_id), None)
+        if turn is None or turn.status == "pending":
+            err(f"lost the event stream; turn {turn_id} is still running (see `agentd status`)")
+            return
+        self.assistant = session.assistant
+        _print_reply([e for e in session.transcript if e.turn == turn_id], self.assistant)
+        _print_turn_end(turn.status, turn.models, turn.restarts, turn.error)
+
+
+def _read_line(interactive: bool) -> str | None:
+    if interactive:
+        try:
+            return input("you> ")
+        except EOFError:
+            out()
+            return None
+    line = sys.stdin.readline()
+    return line if line else None
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """``agentd chat``: an interactive conversation until EOF (Ctrl-D)."""
+    session_id = args.session or twin_value("AGENTD_SESSION")
+    with make_client(args) as client:
+        if session_id is None:
+            session = client.create_session(args.assistant or twin_value("AGENTD_ASSISTANT"))
+            out(f"session {session.id} (assistant {session.assistant}, model {session.model})", sys.stderr)
+            opener = [e for e in session.transcript if e.role == "assistant" and e.content]
+        else:
+            session = client.get_session(session_id)
+            out(
+                f"resumed session {session.id} (assistant {session.assistant}, model {session.model}, {len(session.turns)} turns)",
+                sys.stderr,
+            )
+            opener = [e for e in session.transcript if e.role == "assistant" and e.content][-1:]
+        for entry in opener:
+            out(f"{_speaker(entry, session.assistant)}: {entry.content}")
+        chat = _Chat(client, session)
+        interactive = sys.stdin.isatty()
+        while True:
+            try:
+                line = _read_line(interactive)
+            except KeyboardInterrupt:
+                out()
+                return 130
+            if line is None:
+                return 0
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/quit", "/exit"):
+                return 0
+            try:
+                chat.turn(text)
+            except ClientError as exc:
+                err(str(exc))  # e.g. 409 turn already running: the conversation goes on
