@@ -107,7 +107,10 @@ def secret_values(environ: Mapping[str, str], config: Config) -> set[str]:
     ``headers_from`` values. A header value of the form ``Scheme credentials`` (``Bearer …``)
     counts its credentials too: a server may quote the token without its scheme."""
     names = supervisor_only(config) | named_by(config) | mcp_names(config)
-    values = {environ[name] for name in names if environ.get(name)}
+    # Trimmed too: a value read from a file often ends in a newline that the value in use (the API
+    # token, a header) does not carry, so only the trimmed form would ever appear in a text.
+    held = [environ[name] for name in names if environ.get(name)]
+    values = {*held, *(value.strip() for value in held)} - {""}
     values.update(value for server in config.mcp_servers for value in server.env.values())
     for server in config.mcp_servers:
         for name in server.headers_from.values():

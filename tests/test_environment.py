@@ -164,3 +164,10 @@ def test_secret_values_are_every_value_the_config_makes_agentd_hold() -> None:
         "crm-token-2",  # the credentials of a "Scheme credentials" header, on their own
         "read-only-mode",  # an MCP server's env
     }
+
+
+def test_a_secret_read_from_a_file_is_scrubbed_as_it_is_used_without_its_newline() -> None:
+    """AGENTD_API_TOKEN from a Kubernetes Secret made from a file ends in a newline; the daemon uses
+    it trimmed, so the trimmed value is what a text could carry."""
+    values = secret_values({"AGENTD_API_TOKEN": "api-token-from-file\n"}, parse_config(MCP_CONFIG))
+    assert {"api-token-from-file", "api-token-from-file\n"} <= values
