@@ -21,7 +21,6 @@ from structlog.testing import capture_logs
 from agentd import events
 from agentd.config import SupervisorSettings, SwapPolicy, intelligence_map, parse_config
 from agentd.protocol import Frame, Ready, Spawn, SwapIntel, SwapsApplied
-from agentd.supervisor import launcher as launcher_module
 from agentd.supervisor.child import Child
 from agentd.supervisor.inprocess import EXIT_RUNTIME_CRASHED, InProcessChild, InProcessLauncher
 from agentd.supervisor.launcher import Launcher
@@ -252,10 +251,7 @@ async def test_a_runtime_that_dies_of_a_protocol_error_is_a_crash() -> None:
         assert child.exit_code != EXIT_RUNTIME_CRASHED
 
 
-async def test_a_child_that_stops_answering_pings_is_killed_with_the_ladder_and_replaced(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(launcher_module, "TERM_AFTER_GRACE", 0.01)  # the ladder's wait for a clean exit
+async def test_a_child_that_stops_answering_pings_is_killed_with_the_ladder_and_replaced() -> None:
     async with running_pool(children=1, spare_children=0, ping_interval=0.02, ping_timeout=0.1) as run:
         (child,) = await run.ready(1)
         assert await run.pool.acquire("s1") is child

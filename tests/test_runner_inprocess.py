@@ -35,13 +35,13 @@ pytestmark = pytest.mark.anyio
 WAIT = 10.0
 
 
-def config(hold: Path | None = None) -> Config:
+def config(hold: Path | None = None, model: str = "m1") -> Config:
     options = f'options = {{ hold_file = "{hold}" }}' if hold else ""
     return parse_config(
         f"""
 [intelligence]
 provider = "scripted"
-model = "m1"
+model = "{model}"
 {options}
 
 [supervisor]
@@ -80,6 +80,7 @@ class Running:
 
 @dataclass
 class Harness:
+    running: Running
     store: SqliteStore
     runner: TurnRunner
     pool: Pool
@@ -126,7 +127,7 @@ async def harness(tmp_path: Path, cfg: Config) -> AsyncIterator[Harness]:
                 await tg.start(pool.run)
                 runner.attach(pool, tg)
                 try:
-                    yield Harness(store, runner, pool, launcher, metrics, sessions)
+                    yield Harness(running, store, runner, pool, launcher, metrics, sessions)
                 finally:
                     runner.stop()
                     with anyio.fail_after(WAIT):
@@ -182,3 +183,22 @@ async def test_a_turn_whose_child_crashes_reruns_on_another_and_blames_its_sessi
         assert h.metrics.child_crashes._value.get() == 1
         assert runtime.child is second and second.loaded == {"s1"}
         assert first.loaded == set() and first.in_flight == set()
+
+
+async def test_a_reload_broadcast_is_acked_by_every_child_and_swaps_an_idle_loaded_session(tmp_path: Path) -> None:
+    async with harness(tmp_path, config()) as h:
+        runtime, turn = await h.turn("s1", "hello", "t1")
+        with anyio.fail_after(WAIT):
+            await turn.done.wait()
+        assert runtime.pending is None and runtime.child is not None  # idle, and loaded on its child
+        h.running.config, h.running.generation = config(model="m2"), 2
+        with runtime.subscribe() as subscriber:
+            fanout = await h.pool.broadcast(lambda _child: h.running.swap_frame())
+            assert sorted(c.id for c in fanout.sent) == sorted(h.pool.children)  # every child, loaded or not
+            with anyio.fail_after(WAIT):
+                await fanout.done.wait()
+                name, data = await subscriber.receive()  # the idle session swapped at once (SwapsApplied)
+        assert fanout.complete
+        assert name == events.SWAP_APPLIED and data["model_to"] == "m2"
+        assert (runtime.generation, runtime.model) == (2, "m2")
+        assert all(c.generation == 2 for c in h.pool.children.values())

@@ -45,7 +45,6 @@ from agentd.protocol import Failed, Frame, FrameChannel, ProtocolError, Ready, S
 __all__ = [
     "KILL_AFTER_TERM",
     "SHUTDOWN_SEND_TIMEOUT",
-    "TERM_AFTER_GRACE",
     "ChildLink",
     "ChildProcess",
     "KillLadder",
@@ -56,8 +55,6 @@ __all__ = [
 ]
 
 KILL_AFTER_TERM = 2.0
-#: How long past its grace a child that was sent ``Shutdown`` may take to exit before SIGTERM.
-TERM_AFTER_GRACE = 0.5
 #: The ladder's own ``Shutdown`` is bounded: a hung child that does not read must still get the signals.
 SHUTDOWN_SEND_TIMEOUT = 1.0
 #: The longest stderr line passed on whole (more is cut into pieces; a log line shows 4000 of it).
@@ -163,7 +160,9 @@ class KillLadder:
                 # Bounded: a hung child that does not read its channel must still reach SIGTERM/SIGKILL.
                 with contextlib.suppress(*GONE), anyio.move_on_after(SHUTDOWN_SEND_TIMEOUT):
                     await self.channel.send(Shutdown(grace=grace))
-                with anyio.move_on_after(grace + TERM_AFTER_GRACE):
+                # 0.5 s past the grace, then SIGTERM. A literal: tests/test_deploy.py reads it here
+                # to check the shutdown arithmetic of the deployment files.
+                with anyio.move_on_after(grace + 0.5):
                     return await self._reap()
                 self.signal(signal.SIGTERM)
                 with anyio.move_on_after(KILL_AFTER_TERM):
