@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 import pytest
 from structlog.testing import capture_logs
 
@@ -304,6 +305,29 @@ async def test_broadcast_waits_for_a_stopped_child_until_it_acks_or_is_gone() ->
         assert fanout.missed == {c3.id}
         assert not fanout.complete
         assert sorted(fanout.acked) == [c1.id, c2.id]
+
+
+async def test_broadcast_counts_a_child_that_does_not_take_its_frame_as_unsent() -> None:
+    """A child that stops reading with its socket full is killed by the bounded send: the frame is
+    unsent, the child never acks, and the others' acks still complete the fan-out."""
+    big = msgspec.structs.replace(
+        CONFIG, assistants=(msgspec.structs.replace(CONFIG.assistants[0], system="x" * 4_000_000),)
+    )
+    async with running_pool(children=2, spare_children=0, ping_interval=3600, ping_timeout=0.2) as run:
+        c1, c2 = await run.ready(2)
+        run.link(c2).signal(signal.SIGSTOP)
+
+        def frame(child: Child) -> SwapIntel:  # more than a socket buffer holds, for the stopped child
+            return msgspec.structs.replace(swap(2), config=big) if child is c2 else swap(2)
+
+        fanout = await run.pool.broadcast(frame)
+        assert [c.id for c in fanout.sent] == [c1.id]
+        assert [c.id for c in fanout.unsent] == [c2.id]
+        with anyio.fail_after(WAIT):
+            await fanout.done.wait()
+        assert fanout.acked.keys() == {c1.id} and fanout.missed == {c2.id}
+        await run.owner.until(lambda: bool(run.owner.lost))
+        assert run.owner.lost[0].child == c2.id and run.owner.lost[0].crashed
 
 
 async def test_broadcast_with_no_children_is_done_at_once() -> None:

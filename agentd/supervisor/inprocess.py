@@ -10,7 +10,7 @@ What a process would do is mapped onto the task, so tests written against ``Chil
 same thing with either launcher:
 
 - SIGSTOP freezes the runtime — it neither reads nor writes its channel, like a stopped process:
-  pings go unanswered and a full socket buffer blocks the sender — and SIGCONT thaws it.
+  pings go unanswered, the socket fills up and then blocks the sender — and SIGCONT thaws it.
 - Any other signal (SIGTERM, SIGKILL, …) ends the task at once: the runtime is cancelled, its end
   of the socket closes and it "exits" with ``-signum``. A stopped runtime ends too (a stopped
   process would wait for SIGKILL; the task need not make a test wait for that step of the ladder).
@@ -52,23 +52,54 @@ EXIT_RUNTIME_CRASHED = 1
 log = get_logger("supervisor")
 
 
-class _GatedChannel(FrameChannel):
-    """The runtime's end of the channel: it waits while the child is stopped (SIGSTOP)."""
+class _StoppableStream(ByteStream):
+    """The runtime's end of the socketpair, read and written only while the child is not stopped.
 
-    def __init__(self, stream: ByteStream, link: InProcessChild) -> None:
-        super().__init__(stream)
+    Plain non-blocking socket calls, no buffering of its own: while the child is stopped nothing is
+    read, so the socket fills up and a sender blocks, as with a stopped process (an asyncio stream
+    would keep reading into memory on its own).
+    """
+
+    def __init__(self, sock: socket.socket, link: InProcessChild) -> None:
+        sock.setblocking(False)
+        self._sock = sock
         self._link = link
 
-    async def send(self, frame: Frame) -> None:
-        await self._link.running()
-        await super().send(frame)
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while True:
+            await self._link.running()
+            try:
+                data = self._sock.recv(max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self._sock)
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+            if not data:
+                raise anyio.EndOfStream
+            return data
 
-    async def receive(self) -> Frame | None:
-        await self._link.running()
-        frame = await super().receive()
-        # A frame read just before the stop is not acted on until the thaw, as in a stopped process.
-        await self._link.running()
-        return frame
+    async def send(self, item: bytes) -> None:
+        view = memoryview(item)
+        while view:
+            await self._link.running()
+            try:
+                sent = self._sock.send(view)
+            except BlockingIOError:
+                await anyio.wait_writable(self._sock)
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+            view = view[sent:]
+
+    async def send_eof(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
+
+    async def aclose(self) -> None:
+        if self._sock.fileno() != -1:
+            anyio.notify_closing(self._sock)
+            self._sock.close()
 
 
 class InProcessChild(KillLadder):
@@ -112,12 +143,11 @@ class InProcessChild(KillLadder):
     async def serve(self) -> None:
         """The runtime's task: the child runtime against its end of the channel, until it ends."""
         code = 0
-        stream: SocketStream | None = None
+        stream = _StoppableStream(self._theirs, self)
         try:
             with self._scope:
                 try:
-                    stream = await SocketStream.from_socket(self._theirs)
-                    code = await serve_channel(_GatedChannel(stream, self))
+                    code = await serve_channel(FrameChannel(stream))
                 except ProtocolError:
                     code = EXIT_PROTOCOL_ERROR
                 except Exception:
@@ -128,10 +158,7 @@ class InProcessChild(KillLadder):
         finally:
             # Its end closes with it, as a process's fds do when it exits: the supervisor sees EOF.
             with anyio.CancelScope(shield=True):
-                if stream is not None:
-                    await stream.aclose()
-                else:
-                    self._theirs.close()
+                await stream.aclose()
             self.returncode = code if self.returncode is None else self.returncode
             self._exited.set()
 
