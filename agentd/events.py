@@ -113,6 +113,8 @@ LOG_CHILD_SPAWN_FAILED: Final = "child.spawn_failed"
 LOG_CHILD_START_FAILED: Final = "child.start_failed"
 LOG_CHILD_TOOLS_UNRESOLVED: Final = "child.tools_unresolved"
 LOG_CHILD_UNRESPONSIVE: Final = "child.unresponsive"
+# An in-process child runtime (tests: agentd.supervisor.inprocess) raised: its "process" exits 1.
+LOG_CHILD_RUNTIME_CRASHED: Final = "child.runtime_crashed"
 LOG_MCP_CONNECTED: Final = "mcp.connected"
 LOG_MCP_DISCONNECTED: Final = "mcp.disconnected"
 LOG_MCP_TOOL_NAME_TAKEN: Final = "mcp.tool_name_taken"

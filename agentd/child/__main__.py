@@ -16,12 +16,11 @@ import sys
 import anyio
 from anyio.abc import SocketStream
 
-from agentd.child.runtime import EXIT_PROTOCOL_ERROR, ChildRuntime
-from agentd.obs import configure_logging, get_logger
-from agentd.protocol import PROTOCOL_VERSION, Failed, FrameChannel, ProtocolError, Ready, Spawn
-from agentd.tools import ToolError
+from agentd.child.runtime import EXIT_BAD_SPAWN, EXIT_PROTOCOL_ERROR, serve_channel
+from agentd.obs import configure_logging
+from agentd.protocol import FrameChannel, ProtocolError
 
-EXIT_BAD_SPAWN = 2
+__all__ = ["EXIT_BAD_SPAWN", "EXIT_PROTOCOL_ERROR", "main", "serve"]
 _PR_SET_PDEATHSIG = 1
 
 
@@ -34,28 +33,8 @@ def _die_with_parent(parent_pid: int | None) -> bool:
 
 
 async def serve(fd: int) -> int:
-    """Handshake on the channel, then run until Shutdown or EOF; return the exit code."""
-    channel = FrameChannel(await SocketStream.from_socket(fd))
-    first = await channel.receive()
-    if first is None:
-        return 0
-    if not isinstance(first, Spawn):
-        raise ProtocolError(f"expected a spawn frame first, got {type(first).__name__!r}")
-    if first.protocol_version != PROTOCOL_VERSION:
-        await channel.send(
-            Failed(
-                error=f"protocol version {first.protocol_version} is not supported; this child speaks {PROTOCOL_VERSION}"
-            )
-        )
-        return EXIT_PROTOCOL_ERROR
-    try:
-        runtime = ChildRuntime(channel, first)
-    except ToolError as exc:
-        await channel.send(Failed(error=str(exc)))
-        return EXIT_BAD_SPAWN
-    await channel.send(Ready(child_id=first.child_id, pid=os.getpid()))
-    get_logger("child").info("child.ready", child=first.child_id, generation=first.generation)
-    return await runtime.run()
+    """Handshake on the channel on ``fd``, then run until Shutdown or EOF; return the exit code."""
+    return await serve_channel(FrameChannel(await SocketStream.from_socket(fd)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from agentd.environment import register_secrets
 from agentd.mcp import McpHub
 from agentd.obs import get_logger
 from agentd.protocol import (
+    PROTOCOL_VERSION,
     AppliedSwap,
     Cancel,
     Close,
@@ -38,6 +39,7 @@ from agentd.protocol import (
     Ping,
     Pong,
     ProtocolError,
+    Ready,
     Shutdown,
     Spawn,
     SwapAck,
@@ -46,10 +48,11 @@ from agentd.protocol import (
     Watch,
 )
 from agentd.swap import classify_swap
-from agentd.tools import AnyTool
+from agentd.tools import AnyTool, ToolError
 
-__all__ = ["EXIT_PROTOCOL_ERROR", "ChildRuntime"]
+__all__ = ["EXIT_BAD_SPAWN", "EXIT_PROTOCOL_ERROR", "ChildRuntime", "serve_channel"]
 
+EXIT_BAD_SPAWN = 2
 EXIT_PROTOCOL_ERROR = 3
 log = get_logger("child")
 
@@ -328,3 +331,31 @@ class ChildRuntime:
                 self._idle = anyio.Event()
                 await self._idle.wait()
         self._stop(0)
+
+
+async def serve_channel(channel: FrameChannel) -> int:
+    """Handshake on ``channel``, then run until Shutdown or EOF; return the exit code.
+
+    The whole child runtime behind one channel: ``agentd.child.__main__.serve`` runs it in a child process, and the
+    in-process launcher (``agentd.supervisor.inprocess``) runs it as a task for tests.
+    """
+    first = await channel.receive()
+    if first is None:
+        return 0
+    if not isinstance(first, Spawn):
+        raise ProtocolError(f"expected a spawn frame first, got {type(first).__name__!r}")
+    if first.protocol_version != PROTOCOL_VERSION:
+        await channel.send(
+            Failed(
+                error=f"protocol version {first.protocol_version} is not supported; this child speaks {PROTOCOL_VERSION}"
+            )
+        )
+        return EXIT_PROTOCOL_ERROR
+    try:
+        runtime = ChildRuntime(channel, first)
+    except ToolError as exc:
+        await channel.send(Failed(error=str(exc)))
+        return EXIT_BAD_SPAWN
+    await channel.send(Ready(child_id=first.child_id, pid=os.getpid()))
+    log.info(events.LOG_CHILD_READY, child=first.child_id, generation=first.generation)
+    return await runtime.run()

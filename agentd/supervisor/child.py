@@ -1,36 +1,26 @@
-"""One child process of the pool, as the supervisor runs it: spawn, handshake, ping, kill ladder,
-and the frames it sends, routed by session id.
+"""One child of the pool, as the supervisor runs it: handshake, ping, and the frames it sends,
+routed by session id.
 
-The control channel is one end of a unix socketpair, inherited by the child as a dedicated fd
-(stdout stays free). The child starts with a safe ``sys.path`` (``python -P``: the daemon's working
-directory is never on it; ``PYTHONPATH`` and installed packages are) and the environment the pool
-gives it.
+``Child`` is the pool's view of one child: its role, the sessions loaded on it and running a turn
+there (kept by the pool: ``Pool.place``/``release``/``unload``, ``turn_started``/``turn_ended``),
+its generation, and the tasks that keep it alive. What it talks to is a ``ChildLink`` made by the
+pool's launcher (``agentd.supervisor.launcher``): a ``python -P -m agentd.child`` process by
+default (``ChildProcess``: spawn, pidfd exit watch, process group, kill ladder), or the child
+runtime as a task of this process in tests (``agentd.supervisor.inprocess``).
 
 Liveness is per child, not per session: one ``Ping`` every ``ping_interval``; no ``Pong`` within
 ``ping_timeout`` starts the kill ladder — ``Shutdown{grace}`` → SIGTERM after the grace → SIGKILL
 2 s later → reap. Reaping always happens, so no zombie is left. See rfcs/0006-pool.md.
-
-A child's exit is its death, noticed at once whatever its descendants hold: a process a tool forks
-inherits the channel, so its end of stream may never come. And a child is its process group (it
-runs in a session of its own): the ladder's signals go to the whole group, and once the child is
-reaped whatever it left in its group is killed, so nothing it started outlives it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import socket
-import subprocess
-import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Set
 from typing import Protocol
 
 import anyio
 import msgspec
-from anyio.abc import Process, SocketStream
-from anyio.streams.text import TextReceiveStream
 
 from agentd import events
 from agentd.config import SupervisorSettings
@@ -38,225 +28,38 @@ from agentd.obs import LogLimiter, get_logger
 from agentd.protocol import (
     Failed,
     Frame,
-    FrameChannel,
     Ping,
     Pong,
     ProtocolError,
     Ready,
-    Shutdown,
     Spawn,
     SwapAck,
     SwapsApplied,
 )
 from agentd.redact import SECRETS
+from agentd.supervisor.launcher import (
+    GONE,
+    KILL_AFTER_TERM,
+    SHUTDOWN_SEND_TIMEOUT,
+    ChildLink,
+    ChildProcess,
+    Launcher,
+    SpawnError,
+)
 from agentd.supervisor.placement import ChildRole, ChildSnapshot
 
-__all__ = ["KILL_AFTER_TERM", "Child", "ChildProcess", "FrameSink", "SpawnError"]
+# ChildProcess, SpawnError and the ladder's timings live in agentd.supervisor.launcher; they are
+# named here too, where tests and benches have always imported them from.
+__all__ = ["KILL_AFTER_TERM", "SHUTDOWN_SEND_TIMEOUT", "Child", "ChildProcess", "FrameSink", "SpawnError"]
 
-KILL_AFTER_TERM = 2.0
-#: The longest stderr line passed on whole (more is cut into pieces; a log line shows 4000 of it).
-MAX_STDERR_LINE = 64 * 1024
 #: Per child and kind: at most this many stderr lines (raw, or a library's log records) per window;
 #: the rest are counted and reported as ``log.dropped`` (a flooding MCP server, RFC 0008 §3).
 STDERR_LINES_PER_WINDOW = 100
 STDERR_WINDOW = 10.0
-SHUTDOWN_SEND_TIMEOUT = 1.0
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 _STDLIB_EVENT = "stdlib.log"  # what agentd.obs names a standard-library log record
-_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 log = get_logger("supervisor")
-
-
-class SpawnError(Exception):
-    """A child that did not become Ready (refused the spawn, died, or timed out)."""
-
-
-class ChildProcess:
-    """A started ``python -m agentd.child`` and its control channel: the OS-level half of a child."""
-
-    def __init__(
-        self,
-        child_id: str,
-        process: Process,
-        channel: FrameChannel,
-        sock: socket.socket | None = None,
-        pidfd: int | None = None,
-    ) -> None:
-        self.child_id = child_id
-        self.process = process
-        self.channel = channel
-        self._sock = sock  # our end of the channel, to stop reading it once the child has exited
-        self._pidfd = pidfd  # to see the child exit (None: asyncio's wait tells)
-        self._group_killed = False  # the child was reaped and its process group killed after it
-
-    @property
-    def pid(self) -> int:
-        """The child's process id."""
-        return self.process.pid
-
-    @classmethod
-    async def start(
-        cls, child_id: str, *, env: Mapping[str, str] | None = None, python: str = sys.executable
-    ) -> ChildProcess:
-        """Start a child with the channel on an inherited fd; ``-P`` keeps the working directory off ``sys.path``."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            process = await anyio.open_process(
-                [python, "-P", "-m", "agentd.child", "--fd", str(theirs.fileno()), "--parent-pid", str(os.getpid())],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                pass_fds=[theirs.fileno()],
-                env=dict(env) if env is not None else None,
-                # Its own session: a Ctrl-C at the terminal (or a signal to our process group) reaches
-                # only the supervisor, which then drains and stops children itself. Children still
-                # die with the supervisor: parent-death signal and channel EOF.
-                start_new_session=True,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        pidfd = _open_pidfd(process)  # before any other await: the pid is surely still the child's
-        channel = FrameChannel(await SocketStream.from_socket(ours))
-        return cls(child_id, process, channel, ours, pidfd)
-
-    async def handshake(self, spawn: Spawn, timeout: float) -> Ready:  # noqa: ASYNC109 - the spawn_timeout is the API
-        """Send Spawn and wait for Ready; SpawnError if refused, dead or late."""
-        await self.channel.send(spawn)
-        with anyio.move_on_after(timeout):
-            try:
-                frame = await self.channel.receive()
-            except ProtocolError as exc:
-                raise SpawnError(f"child {self.child_id}: {exc}") from None
-            if isinstance(frame, Ready):
-                if frame.protocol_version != spawn.protocol_version:
-                    raise SpawnError(
-                        f"child {self.child_id} speaks protocol version {frame.protocol_version}, "
-                        f"not {spawn.protocol_version}"
-                    )
-                return frame
-            if isinstance(frame, Failed):
-                raise SpawnError(f"child {self.child_id} refused the spawn: {frame.error}")
-            if frame is None:
-                raise SpawnError(f"child {self.child_id} exited before Ready")
-            raise SpawnError(f"child {self.child_id} sent {type(frame).__name__} before Ready")
-        raise SpawnError(f"child {self.child_id} was not Ready within {timeout:g}s")
-
-    async def pump_stderr(self, line_sink: Callable[[str], None]) -> None:
-        """Feed the child's stderr to ``line_sink`` line by line until it closes (keeps the pipe drained).
-
-        A line read in two chunks is joined first: split, a secret in it could not be recognised
-        (and scrubbed) in either half. A line longer than ``MAX_STDERR_LINE`` is passed on in pieces.
-        """
-        assert self.process.stderr is not None
-        pending = ""
-        async for chunk in TextReceiveStream(self.process.stderr):
-            *lines, pending = (pending + chunk).split("\n")
-            while len(pending) > MAX_STDERR_LINE:
-                lines.append(pending[:MAX_STDERR_LINE])
-                pending = pending[MAX_STDERR_LINE:]
-            for line in lines:
-                if line.strip():
-                    line_sink(line.rstrip("\r"))
-        if pending.strip():
-            line_sink(pending)
-
-    async def send(self, frame: Frame) -> None:
-        """Send one frame (serialized with other senders by the channel)."""
-        await self.channel.send(frame)
-
-    async def receive(self) -> Frame | None:
-        """The next frame, or None at a clean end of stream."""
-        return await self.channel.receive()
-
-    def signal(self, signum: signal.Signals) -> None:
-        """Send a signal to the child's process group: the child and whatever it started that is still
-        in its group (a tool's subprocess). Nothing once the child is reaped and its group killed."""
-        if self._group_killed:
-            return
-        # killpg, not Popen.send_signal: the latter polls first and may reap the child itself, and
-        # then asyncio's watcher reports a made-up exit status 255. The child leads its own group
-        # (start_new_session), so the group id is its pid, and that id is not given to another
-        # process while anyone in the group is alive.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signum)
-
-    async def exited(self) -> None:
-        """Return once the child process has exited, whatever still holds its channel or stderr.
-
-        A pidfd becomes readable when the process exits. Without pidfds (Linux before 5.3) this is
-        asyncio's wait, which on some versions also waits for the child's pipes to close.
-        """
-        if self._pidfd is None:
-            await self.process.wait()
-            return
-        fd = os.dup(self._pidfd)  # one fd per waiter: anyio lets one task at a time wait on an fd
-        try:
-            await anyio.wait_readable(fd)
-        finally:
-            os.close(fd)
-
-    def stop_reading(self) -> None:
-        """Read what the channel holds, then end of stream, even though another process (a fork of
-        the child) keeps the other end open: the child has exited and can write no more."""
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.shutdown(socket.SHUT_RD)
-
-    async def stop(self, grace: float) -> int:
-        """The kill ladder: Shutdown{grace} → SIGTERM → SIGKILL → reap. Returns the exit code."""
-        with anyio.CancelScope(shield=True):
-            if self.process.returncode is None:
-                # Bounded: a hung child that does not read its channel must still reach SIGTERM/SIGKILL.
-                with contextlib.suppress(*_GONE), anyio.move_on_after(SHUTDOWN_SEND_TIMEOUT):
-                    await self.channel.send(Shutdown(grace=grace))
-                with anyio.move_on_after(grace + 0.5):
-                    return await self._reap()
-                self.signal(signal.SIGTERM)
-                with anyio.move_on_after(KILL_AFTER_TERM):
-                    return await self._reap()
-                self.signal(signal.SIGKILL)
-            code = await self._reap()
-        return code
-
-    async def kill(self) -> int:
-        """SIGKILL and reap (for a child that broke the protocol or stopped answering)."""
-        with anyio.CancelScope(shield=True):
-            self.signal(signal.SIGKILL)
-            code = await self._reap()
-        return code
-
-    async def _reap(self) -> int:
-        await self.exited()
-        # Whatever the child left in its group dies with it: a process a tool forked may hold the
-        # channel and stderr open (and on Python 3.11 asyncio's wait() waits for stderr to close).
-        if not self._group_killed:
-            self._group_killed = True
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass  # the group is empty: the child left nothing behind
-            else:
-                log.warning(events.LOG_CHILD_LEFTOVERS_KILLED, child=self.child_id, pid=self.process.pid)
-        code = await self.process.wait()
-        await self.channel.aclose()
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
-        return code
-
-
-def _open_pidfd(process: Process) -> int | None:
-    """A pidfd of the just-started child; None without pidfds, or if it is already gone."""
-    if not hasattr(os, "pidfd_open") or process.returncode is not None:
-        return None
-    try:
-        return os.pidfd_open(process.pid)
-    except OSError:
-        return None
 
 
 class FrameSink(Protocol):
@@ -275,18 +78,27 @@ class FrameSink(Protocol):
 class Child:
     """One pooled child: its process, its role in the pool, and the sessions it hosts.
 
-    ``loaded`` are the sessions opened here; ``in_flight`` those with a turn running here. Both are
-    kept by the pool and the turn runner; this class only routes frames and keeps the child alive.
+    ``loaded`` are the sessions opened (or reserved) here; ``in_flight`` those with a turn running
+    here. Both belong to the pool, which gives the child read-only views of its own sets: no one
+    else edits them (``Pool.acquire``, ``release``, ``unload``, ``turn_started``, ``turn_ended``).
+    This class only routes frames and keeps the child alive.
     """
 
-    def __init__(self, child_id: str, role: ChildRole = ChildRole.STARTING) -> None:
+    def __init__(
+        self,
+        child_id: str,
+        role: ChildRole = ChildRole.STARTING,
+        *,
+        loaded: Set[str] = frozenset(),
+        in_flight: Set[str] = frozenset(),
+    ) -> None:
         self.id = child_id
         self.role = role
-        self.process: ChildProcess | None = None
+        self.process: ChildLink | None = None  # made by the pool's launcher
         self.generation = 0  # the newest generation this child runs or has acknowledged
         self.restarts = 0  # how many crashed children this one's place in the pool has seen
-        self.loaded: set[str] = set()
-        self.in_flight: set[str] = set()
+        self._loaded = loaded
+        self._in_flight = in_flight
         # Monotonic time it last hosted a session (or was started): the pool retires an empty child
         # it grew for load once it has stayed empty for idle_unload (RFC 0006 §4).
         self.used_at = 0.0
@@ -298,6 +110,16 @@ class Child:
         self._stopping: float | None = None  # the grace of a requested stop
         self.send_timeout = 10.0  # how long a frame may wait to be taken (the running ping_timeout)
         self._stderr_limiter = LogLimiter(STDERR_LINES_PER_WINDOW, STDERR_WINDOW)
+
+    @property
+    def loaded(self) -> Set[str]:
+        """The sessions loaded (or reserved) here: read-only, the pool keeps it."""
+        return self._loaded
+
+    @property
+    def in_flight(self) -> Set[str]:
+        """The sessions with a turn running here: read-only, the pool keeps it."""
+        return self._in_flight
 
     @property
     def pid(self) -> int | None:
@@ -317,6 +139,7 @@ class Child:
 
     async def run(
         self,
+        launcher: Launcher,
         spawn: Callable[[str], Spawn],
         settings: Callable[[], SupervisorSettings],
         env: Mapping[str, str],
@@ -325,17 +148,23 @@ class Child:
     ) -> None:
         """The child's whole life: start, handshake, then ping and route frames until it ends.
 
-        ``spawn`` builds the Spawn frame (always the newest generation); ``settings`` reads the
+        ``launcher`` starts the child runtime (a process, by default); ``spawn`` builds the Spawn frame (always the newest generation); ``settings`` reads the
         running ``[supervisor]`` section at each use, so a reload of the timings applies at once.
         Returns when the process is gone (reaped); never raises for anything the child does.
         """
         try:
-            self.process = await ChildProcess.start(self.id, env=env)
+            self.process = await launcher.start(self.id, env)
         except OSError as exc:
             log.error(events.LOG_CHILD_START_FAILED, child=self.id, error=str(exc))
             self.start_error = str(exc)
             self.gone.set()
             return
+        except BaseException:
+            # Cancelled while starting (the pool stops): whoever waits for this child to go
+            # (``stop``) must not wait for ever.
+            self.start_error = "the pool stopped while it started"
+            self.gone.set()
+            raise
         process = self.process
         self.send_timeout = settings().ping_timeout
         try:
@@ -358,24 +187,24 @@ class Child:
             log.info(events.LOG_CHILD_EXIT, child=self.id, pid=process.pid, code=self.exit_code)
             self.gone.set()
 
-    async def _handshake(self, process: ChildProcess, spawn: Callable[[str], Spawn], limit: float) -> bool:
+    async def _handshake(self, process: ChildLink, spawn: Callable[[str], Spawn], limit: float) -> bool:
         frame = spawn(self.id)
         try:
             await process.handshake(frame, limit)
-        except (SpawnError, *_GONE) as exc:
+        except (SpawnError, *GONE) as exc:
             log.error(events.LOG_CHILD_SPAWN_FAILED, child=self.id, pid=process.pid, error=str(exc))
             self.start_error = str(exc)
             return False
         self.generation = frame.generation
         return True
 
-    async def _watch_exit(self, process: ChildProcess) -> None:
+    async def _watch_exit(self, process: ChildLink) -> None:
         """The child's exit is its death even while its channel is still open (a process it forked
         inherited the socket): the frames it wrote before it died are read, then the channel ends."""
         await process.exited()
         process.stop_reading()
 
-    async def _ping_loop(self, process: ChildProcess, settings: Callable[[], SupervisorSettings]) -> None:
+    async def _ping_loop(self, process: ChildLink, settings: Callable[[], SupervisorSettings]) -> None:
         seq = 0
         while True:
             current = settings()
@@ -393,7 +222,7 @@ class Child:
             await process.stop(grace=0)  # the kill ladder: a hung child gets SIGTERM, then SIGKILL
             return
 
-    async def _read_frames(self, process: ChildProcess, sink: FrameSink) -> None:
+    async def _read_frames(self, process: ChildLink, sink: FrameSink) -> None:
         while True:
             try:
                 frame = await process.receive()
@@ -404,7 +233,7 @@ class Child:
                 log.error(events.LOG_PROTOCOL_ERROR, child=self.id, pid=process.pid, error=str(exc))
                 await process.kill()
                 return
-            except _GONE:
+            except GONE:
                 return
 
     async def _route(self, frame: Frame, sink: FrameSink) -> None:
@@ -435,7 +264,7 @@ class Child:
         with anyio.move_on_after(self.send_timeout) as waited:
             try:
                 await process.send(frame)
-            except _GONE:
+            except GONE:
                 return False
             return True
         if waited.cancelled_caught:

@@ -6,6 +6,14 @@ pool decides nothing itself — ``agentd.supervisor.placement`` does, over snaps
 ones and retires surplus children. When a child ends, the pool tells its ``PoolOwner`` which
 sessions were loaded there and which had a turn in flight; what happens to them (re-run, blame,
 quarantine) is the owner's business (``agentd.supervisor.runner``). See RFC 0006.
+
+The pool is the one owner of where sessions are: each child's ``loaded`` and ``in_flight`` sets
+are the pool's, edited only here (``acquire``, ``release``, ``unload``, ``turn_started``,
+``turn_ended``); children and everyone else read them. It also owns sending one frame to every
+child and collecting their acknowledgements (``broadcast``, a ``Fanout``).
+
+Children are started through the launcher the pool is given (``agentd.supervisor.launcher``):
+``python -P -m agentd.child`` processes by default, the child runtime as in-process tasks in tests.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from typing import Protocol
 
 import anyio
@@ -23,8 +31,9 @@ import anyio.abc
 from agentd import events
 from agentd.config import SupervisorSettings
 from agentd.obs import get_logger
-from agentd.protocol import Close, Spawn
+from agentd.protocol import Close, Frame, Spawn, SwapIntel, SwapsApplied
 from agentd.supervisor.child import Child, FrameSink
+from agentd.supervisor.launcher import Launcher, ProcessLauncher
 from agentd.supervisor.placement import (
     ChildRole,
     ChildSnapshot,
@@ -37,7 +46,7 @@ from agentd.supervisor.placement import (
     plan_pool,
 )
 
-__all__ = ["Pool", "PoolOwner", "first_of", "pool_size"]
+__all__ = ["Fanout", "Pool", "PoolOwner", "first_of", "pool_size"]
 
 log = get_logger("supervisor")
 
@@ -93,12 +102,20 @@ class Pool:
         spawn: Callable[[str], Spawn],
         env: Callable[[], Mapping[str, str]],
         owner: PoolOwner,
+        launcher: Launcher | None = None,
     ) -> None:
         self._settings = settings
         self._spawn = spawn
         self._env = env
         self._owner = owner
+        # Read at each start, so a test may swap it before the pool runs (in-process children).
+        self.launcher: Launcher = launcher if launcher is not None else ProcessLauncher()
         self.children: dict[str, Child] = {}
+        # The only writable handles on each child's sessions (child id → set); a Child holds views.
+        self._loaded: dict[str, set[str]] = {}
+        self._in_flight: dict[str, set[str]] = {}
+        self._fanouts: list[Fanout] = []  # broadcasts some child has not acknowledged yet
+        self._sink = _PoolSink(self, owner)
         self._replacing: list[int] = []  # restart counts carried to the children that replace crashed ones
         self._ids = itertools.count(1)
         self._tg: anyio.abc.TaskGroup | None = None
@@ -157,7 +174,7 @@ class Pool:
 
         Sticky: a session already loaded stays where it is. The caller opens the session on a child
         that did not host it (``Child.loaded`` is reserved here, synchronously, so concurrent
-        placements see the load at once).
+        placements see the load at once), or gives the place back (``release``).
         """
         while not self._stopping:
             child = self.where(session_id)
@@ -169,7 +186,7 @@ class Pool:
                 await first_of(child.ready, child.gone)
             if child.usable:
                 return child
-            child.loaded.discard(session_id)
+            self._loaded.get(child.id, set()).discard(session_id)
         return None
 
     def where(self, session_id: str) -> Child | None:
@@ -218,7 +235,7 @@ class Pool:
             if not await self._evict_longest_idle():
                 await room.wait()
             return None
-        child.loaded.add(session_id)
+        self._loaded[child.id].add(session_id)
         child.used_at = time.monotonic()
         return child
 
@@ -231,17 +248,82 @@ class Pool:
         child = self.where(session_id)
         if child is None:
             return
-        child.loaded.discard(session_id)
+        self._loaded[child.id].discard(session_id)
         child.used_at = time.monotonic()  # its idle time, if that was its last session, starts now
         self.changed()
         if child.usable:
             await child.send(Close(session=session_id))
 
+    def release(self, session_id: str, child: Child) -> None:
+        """Give back ``session_id``'s place on ``child`` without a ``Close``: a reservation the turn
+        no longer needs (cancelled, closed, or out of time while the child started), or an ``Open``
+        the child refused. The child never hosted the session, so there is nothing to tell it."""
+        loads = self._loaded.get(child.id)
+        if loads is None or session_id not in loads:
+            return
+        loads.discard(session_id)
+        child.used_at = time.monotonic()  # given back: its idle time starts now (RFC 0006 §4)
+        self.changed()
+
+    def turn_started(self, session_id: str, child: Child) -> None:
+        """``session_id``'s turn was sent to ``child``: it is busy there (placement counts it)."""
+        running = self._in_flight.get(child.id)
+        if running is not None:  # None: the child is gone and its sets were handed to the owner
+            running.add(session_id)
+
+    def turn_ended(self, session_id: str, child: Child) -> None:
+        """``session_id``'s turn on ``child`` ended, or the child went: re-plan (room may have freed up)."""
+        running = self._in_flight.get(child.id)
+        if running is not None:
+            running.discard(session_id)
+        self.changed()
+
+    # ------------------------------------------------------------------ broadcast
+
+    async def broadcast(self, frame_for_child: Callable[[Child], SwapIntel]) -> Fanout:
+        """Send a frame to every usable child at once; return once each send is done or failed.
+
+        ``frame_for_child`` builds each child's frame (a reload's ``SwapIntel``, the same for all
+        or not). The returned ``Fanout`` tells which children took the frame and which could not
+        (gone, or hung: ``Child.send`` is bounded), and collects their acknowledgements as they
+        arrive — a ``SwapAck`` of the frame's generation or a later one — until every child has
+        acknowledged or gone (``Fanout.done``). Sends run concurrently: one slow child delays no
+        other, and every ack is waited for by the caller only as long as it chooses.
+        """
+        children = [c for c in self.children.values() if c.usable]
+        frames = {c.id: frame_for_child(c) for c in children}
+        fanout = Fanout({child_id: frame.generation for child_id, frame in frames.items()})
+        # Registered before anything is sent: a fast child's ack must find it.
+        self._fanouts.append(fanout)
+
+        async def send(child: Child) -> None:
+            if await child.send(frames[child.id]):
+                fanout.sent.append(child)
+            else:
+                fanout.unsent.append(child)
+                fanout.forget(child.id)
+
+        async with anyio.create_task_group() as tg:
+            for child in children:
+                tg.start_soon(send, child)
+        self._settle_fanouts()
+        return fanout
+
+    def _acked(self, child: Child, generation: int) -> None:
+        for fanout in self._fanouts:
+            fanout.ack(child.id, generation)
+        self._settle_fanouts()
+
+    def _settle_fanouts(self) -> None:
+        self._fanouts = [f for f in self._fanouts if not f.done.is_set()]
+
     # ------------------------------------------------------------------ children
 
     def _start(self, role: ChildRole) -> Child:
         assert self._tg is not None, "the pool is not running"
-        child = Child(f"c{next(self._ids)}", role)
+        child_id = f"c{next(self._ids)}"
+        loaded, in_flight = self._loaded.setdefault(child_id, set()), self._in_flight.setdefault(child_id, set())
+        child = Child(child_id, role, loaded=loaded, in_flight=in_flight)
         child.restarts = self._replacing.pop(0) if self._replacing else 0
         child.used_at = time.monotonic()
         self.children[child.id] = child
@@ -250,7 +332,7 @@ class Pool:
 
     async def _run_child(self, child: Child) -> None:
         try:
-            await child.run(self._spawn, self._settings, self._env(), self._owner, self._on_ready)
+            await child.run(self.launcher, self._spawn, self._settings, self._env(), self._sink, self._on_ready)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._on_gone(child)
@@ -274,8 +356,12 @@ class Pool:
         elif crashed:  # counted by the owner (agentd_child_crashes_total); the replacement carries it
             self._replacing.append(child.restarts + 1)
         loaded, in_flight = set(child.loaded), set(child.in_flight)
-        child.loaded.clear()
-        child.in_flight.clear()
+        # Emptied, then forgotten: the child's views stay valid (and empty) for whoever still holds it.
+        self._loaded.pop(child.id, set()).clear()
+        self._in_flight.pop(child.id, set()).clear()
+        for fanout in self._fanouts:
+            fanout.forget(child.id)  # it will never acknowledge
+        self._settle_fanouts()
         self.changed()
         await self._owner.child_lost(child, loaded, in_flight, crashed=crashed)
 
@@ -380,3 +466,81 @@ async def first_of(*waitables: anyio.Event) -> None:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(wait)
+
+
+class Fanout:
+    """One broadcast (``Pool.broadcast``): which children took the frame, and their acknowledgements.
+
+    ``done`` is set once no child is left to wait for: each has acknowledged (``acked``) or is gone
+    or could not be sent the frame (``missed``). ``complete`` says whether every child that was sent
+    the frame acknowledged it.
+    """
+
+    def __init__(self, generations: Mapping[str, int]) -> None:
+        self.started = time.monotonic()
+        self.generation = max(generations.values(), default=0)
+        self.sent: list[Child] = []  # took the frame
+        self.unsent: list[Child] = []  # gone or hung when it was sent
+        self.acked: dict[str, float] = {}  # child id → seconds from the start to its ack
+        self.missed: set[str] = set()  # child ids that will never acknowledge (gone, unsent)
+        self._waiting = dict(generations)  # child id → the generation its ack must reach
+        self.done = anyio.Event()
+        self.finished_at: float | None = None
+        if not self._waiting:
+            self._finish()
+
+    @property
+    def waiting(self) -> Set[str]:
+        """The child ids whose acknowledgement has not come."""
+        return self._waiting.keys()
+
+    @property
+    def complete(self) -> bool:
+        """Done, and every child it was sent to acknowledged it."""
+        return self.done.is_set() and not self.missed
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the fan-out took to be done, once it is."""
+        return None if self.finished_at is None else self.finished_at - self.started
+
+    def ack(self, child_id: str, generation: int) -> None:
+        """``child_id`` acknowledged ``generation``: that acknowledges this frame if it is the same
+        generation or a later one (frames reach a child in order)."""
+        wanted = self._waiting.get(child_id)
+        if wanted is None or generation < wanted:
+            return
+        del self._waiting[child_id]
+        self.acked[child_id] = time.monotonic() - self.started
+        if not self._waiting:
+            self._finish()
+
+    def forget(self, child_id: str) -> None:
+        """``child_id`` will never acknowledge (it is gone, or the frame could not be sent)."""
+        if self._waiting.pop(child_id, None) is None:
+            return
+        self.missed.add(child_id)
+        if not self._waiting:
+            self._finish()
+
+    def _finish(self) -> None:
+        self.finished_at = time.monotonic()
+        self.done.set()
+
+
+class _PoolSink:
+    """What the pool's children send, on its way to the owner: the pool sees acks first (``Fanout``)."""
+
+    def __init__(self, pool: Pool, owner: FrameSink) -> None:
+        self._pool = pool
+        self._owner = owner
+
+    async def session_frame(self, child: Child, frame: Frame) -> None:
+        await self._owner.session_frame(child, frame)
+
+    def swap_acked(self, child: Child, generation: int) -> None:
+        self._pool._acked(child, generation)
+        self._owner.swap_acked(child, generation)
+
+    def swaps_applied(self, child: Child, frame: SwapsApplied) -> None:
+        self._owner.swaps_applied(child, frame)

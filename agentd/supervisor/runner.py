@@ -163,8 +163,7 @@ class TurnRunner:
             if waiting.cancelled_caught:
                 reserved = self.pool.where(runtime.id)  # a place reserved on a child still starting
                 if reserved is not None and runtime.child is not reserved:
-                    reserved.loaded.discard(runtime.id)
-                    self._changed()
+                    self.pool.release(runtime.id, reserved)
                 reason = self.pool.start_failure or "no child was free"
                 await self.end_without_result(
                     runtime, turn, TurnStatus.DEADLINE, f"no child could take the turn by its deadline ({reason})"
@@ -192,13 +191,13 @@ class TurnRunner:
         what it took: the reservation, or — for a closed session — the session it loaded there."""
         if not (turn.done.is_set() or runtime.closing):
             return False
+        assert self.pool is not None
         if runtime.child is child:
-            if runtime.closing and self.pool is not None:
+            if runtime.closing:
                 runtime.child = None
                 await self.pool.unload(runtime.id)  # Close: the child forgets the session
         else:
-            child.loaded.discard(runtime.id)
-            self._changed()
+            self.pool.release(runtime.id, child)
         return True
 
     async def _run_on(self, runtime: SessionRuntime, turn: PendingTurn, child: Child) -> None:
@@ -210,7 +209,8 @@ class TurnRunner:
         # The deadline this run is sent with (a reload that changes it applies from the next run).
         deadline = self.running.config.limits.deadline
         turn.runs += 1
-        child.in_flight.add(runtime.id)
+        assert self.pool is not None
+        self.pool.turn_started(runtime.id, child)
         try:
             if turn.runs > 1:
                 self.metrics.turn_reruns.inc()
@@ -238,10 +238,9 @@ class TurnRunner:
                 with anyio.move_on_after(remaining):
                     await turn.settled.wait()
         finally:
-            child.in_flight.discard(runtime.id)
             if turn.child is child:
                 turn.child = None
-            self._changed()
+            self.pool.turn_ended(runtime.id, child)  # re-plans: room may have freed up
 
     async def _journal_for(self, runtime: SessionRuntime, turn: PendingTurn) -> list[JournalEntry] | None:
         """What earlier runs of the turn journaled, once every journal write of theirs has landed.
@@ -514,8 +513,8 @@ class TurnRunner:
                 log.error(events.LOG_CHILD_FAILED, child=child.id, session=runtime.id, turn=turn, error=error)
                 if turn is None and runtime.child is child:  # it refused to open the session: not loaded there
                     runtime.child = None
-                    child.loaded.discard(runtime.id)
-                    self._changed()
+                    if self.pool is not None:
+                        self.pool.release(runtime.id, child)
                 pending = runtime.pending
                 if pending is not None and (turn is None or pending.id == turn) and pending.child is child:
                     await self.end_without_result(runtime, pending, TurnStatus.FAILED, error)
@@ -690,10 +689,6 @@ class TurnRunner:
         runtime.prune_subscribers()
         if not runtime.hot and self.sessions.get(runtime.id) is runtime:
             del self.sessions[runtime.id]
-
-    def _changed(self) -> None:
-        if self.pool is not None:
-            self.pool.changed()
 
     async def _store_quietly(self, call: Awaitable[None], session_id: str) -> None:
         """Await a store update whose failure must not end the caller (it is logged)."""
