@@ -15,15 +15,14 @@ written to the store and acknowledged, and every run of a turn is sent what earl
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.abc
 
 from agentd import events
 from agentd.budget import TurnStatus
-from agentd.config import Config
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
 from agentd.protocol import (
@@ -38,7 +37,6 @@ from agentd.protocol import (
     Open,
     ProtocolError,
     SwapApplied,
-    SwapIntel,
     SwapsApplied,
     TurnDiscarded,
     TurnDone,
@@ -49,10 +47,11 @@ from agentd.supervisor.blame import CrashVerdict, blame, quarantined, rerun_allo
 from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.relay import EventRelay, relay_fence
-from agentd.supervisor.session import PendingTurn, SessionRuntime
+from agentd.supervisor.running import Running
+from agentd.supervisor.session import PendingTurn, SessionRuntime, SessionTable
 from agentd.views import entry_from_message
 
-__all__ = ["DEADLINE_GRACE", "Generation", "TurnRunner"]
+__all__ = ["DEADLINE_GRACE", "TurnRunner"]
 
 log = get_logger("supervisor")
 
@@ -67,24 +66,6 @@ LEASE_LOST_CUT = "another replica took the session over; the turn runs there and
 RELAY_FLUSH_BOUND = 2.0
 
 
-class Generation(Protocol):
-    """The running config generation, as the runner needs it."""
-
-    @property
-    def generation(self) -> int:
-        """The running generation number."""
-
-    @property
-    def config(self) -> Config:
-        """The running config."""
-
-    def swap_frame(self) -> SwapIntel:
-        """The SwapIntel describing the running generation."""
-
-    def model_of(self, assistant: str, fallback: str) -> str:
-        """The running model of ``assistant`` (``fallback`` if the config no longer has it)."""
-
-
 class TurnRunner:
     """Drives turns on the pool and handles what children send about their sessions."""
 
@@ -93,8 +74,8 @@ class TurnRunner:
         *,
         store: Store,
         metrics: Metrics,
-        running: Generation,
-        sessions: MutableMapping[str, SessionRuntime],
+        running: Running,
+        sessions: SessionTable,
         on_swap_acked: Callable[[Child, int], None],
         on_turn_finished: Callable[[], None],
         replica: str = "",
@@ -109,7 +90,7 @@ class TurnRunner:
         self.watched_elsewhere = watched_elsewhere
         self.metrics = metrics
         self.running = running
-        self.sessions = sessions  # the hot sessions, by id (shared with the supervisor)
+        self.sessions = sessions  # the hot sessions, by id
         self.pool: Pool | None = None
         self._on_swap_acked = on_swap_acked
         self._on_turn_finished = on_turn_finished
@@ -687,9 +668,7 @@ class TurnRunner:
 
     def evict_if_cold(self, runtime: SessionRuntime) -> None:
         """Forget a runtime that is no longer loaded, running or watched (the store has the session)."""
-        runtime.prune_subscribers()
-        if not runtime.hot and self.sessions.get(runtime.id) is runtime:
-            del self.sessions[runtime.id]
+        self.sessions.evict_if_cold(runtime)
 
     def _changed(self) -> None:
         if self.pool is not None:
