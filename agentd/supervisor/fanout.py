@@ -190,12 +190,12 @@ class Reloader:
         for runtime in self.sessions.values():
             if runtime.child is not None or runtime.closing:
                 continue
-            runtime.generation = running.generation
+            runtime.swapped(running.generation)
             old, new = old_intelligence.get(runtime.assistant), new_intelligence.get(runtime.assistant)
             kind = classify_swap(old, new) if old is not None and new is not None else None
             if kind is None or new is None or old is None:
                 continue
-            runtime.model = new.model
+            runtime.swapped(running.generation, new.model)
             running.metrics.swaps.labels(kind=kind.value).inc()
             runtime.publish(
                 events.SWAP_APPLIED,

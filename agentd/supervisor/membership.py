@@ -329,7 +329,7 @@ class ReplicatedMembership(_Registered):
         claims them at once instead of after the lease."""
         with anyio.CancelScope(shield=True):
             for runtime in list(self.sessions.values()):
-                lease, runtime.lease = runtime.lease, None
+                lease = runtime.give_up_lease()
                 if lease is not None:
                     await store_quietly(self.store.release(lease))
                     runtime.log.info(events.LOG_SESSION_RELEASED, token=lease.token)
@@ -352,7 +352,7 @@ class ReplicatedMembership(_Registered):
             same_turn = pending is not None and runtime.pending is pending
             verdict = judge_renewal(asked, runtime.lease, renewed, same_turn=same_turn)
             if verdict is RenewVerdict.RENEWED and renewed is not None:
-                runtime.lease = renewed
+                runtime.hold(renewed)
             elif verdict is RenewVerdict.LOST:
                 await self.control.lease_lost(runtime, "the heartbeat found the lease held by another replica")
 
@@ -385,10 +385,9 @@ class ReplicatedMembership(_Registered):
                 runtime.log.warning(events.LOG_SESSION_CLAIM_FAILED, error=str(exc))
                 stored = None
             if stored is not None:
-                runtime.assistant = stored.assistant
-                runtime.model = self.running.model_of(stored.assistant, stored.model)
-                runtime.generation = self.running.generation
-        runtime.lease, runtime.last_token = lease, lease.token
+                model = self.running.model_of(stored.assistant, stored.model)
+                runtime.refreshed(stored.assistant, model, self.running.generation)
+        runtime.hold(lease)
 
     async def created_after_all(self, session_id: str, failure: StoreUnavailable) -> bool:
         """Whether a ``create_session`` that failed because of the database created it after all

@@ -325,7 +325,7 @@ class Operations:
     async def close_session(self, session_id: str) -> SessionSummary:
         """Close the session: unload it, end its turn ``cancelled``; the transcript is kept."""
         runtime = await self._open_runtime(session_id)
-        runtime.closing = True
+        runtime.closing_begins()
         await self.pool.unload(session_id)  # its child gets Close (which cancels a turn in flight there)
         if runtime.pending is not None:
             await self.runner.end_without_result(
@@ -335,15 +335,13 @@ class Operations:
             try:
                 await self.membership.cancel_elsewhere(session_id)
             except ServiceError:
-                runtime.closing = False
+                runtime.close_undone(turn_ended=False)
                 raise
-        runtime.child = None
+        runtime.unloaded()
         try:
             await self.store.update_session(session_id, state="closed")
         except StoreError as exc:  # not closed: the session stays open and usable (its turn was cancelled)
-            runtime.closing = False
-            if runtime.state != "failed":
-                runtime.state = "idle"
+            runtime.close_undone(turn_ended=True)
             error = store_failure(exc)
             raise type(error)(f"session {session_id} was not closed (the store failed): {exc}") from None
         runtime.closed()

@@ -331,14 +331,14 @@ class TurnRunner:
                 await self.lease_lost(runtime, str(exc))
                 return
             except StoreError as exc:  # e.g. its results were committed meanwhile: nothing to abandon
-                log.warning(events.LOG_TURN_ABANDON_FAILED, session=runtime.id, turn=turn.id, error=str(exc))
+                runtime.log.warning(events.LOG_TURN_ABANDON_FAILED, turn=turn.id, error=str(exc))
             record = TurnRecord(id=turn.id, status=status, started_at=turn.started_at, ended_at=now, error=error)
             await self._finish(runtime, turn, record)
 
     async def fail(self, runtime: SessionRuntime, error: str) -> None:
         """Mark the session failed (kept, visible, resumable by a new message); its turn ends failed."""
-        runtime.state = "failed"
-        log.error(events.LOG_SESSION_FAILED, session=runtime.id, error=error)
+        runtime.failed()
+        runtime.log.error(events.LOG_SESSION_FAILED, error=error)
         self.emit(runtime, events.SESSION_FAILED, runtime.pending.id if runtime.pending else None, {"error": error})
         if runtime.pending is not None:
             await self.end_without_result(runtime, runtime.pending, TurnStatus.FAILED, error)
@@ -354,17 +354,15 @@ class TurnRunner:
         # The stale lease stays: any write still made with it is refused by the store (never unfenced).
         lease = runtime.lease
         turn = runtime.pending
-        log.warning(
+        runtime.log.warning(
             events.LOG_SESSION_LEASE_LOST,
-            session=runtime.id,
             turn=turn.id if turn is not None else None,
             token=lease.token if lease is not None else None,
             reason=reason,
         )
         if turn is not None:
-            child, runtime.pending = turn.child, None
-            if runtime.state == "running":
-                runtime.state = "idle"
+            child = turn.child
+            runtime.turn_dropped()
             if not turn.done.is_set():
                 turn.cut, turn.cut_code = LEASE_LOST_CUT, "lease_lost"
                 turn.mark_done()
@@ -376,7 +374,7 @@ class TurnRunner:
                 try:
                     await self.store.release(lease)
                 except StoreError as exc:
-                    log.warning(events.LOG_SESSION_RELEASE_FAILED, session=runtime.id, error=str(exc))
+                    runtime.log.warning(events.LOG_SESSION_RELEASE_FAILED, error=str(exc))
         if self.pool is not None:
             runtime.child = None
             await self.pool.unload(runtime.id)
@@ -384,13 +382,13 @@ class TurnRunner:
 
     async def _release(self, runtime: SessionRuntime) -> None:
         """Give the session's lease up once its turn ended, so any replica can run its next turn."""
-        lease, runtime.lease = runtime.lease, None
+        lease = runtime.give_up_lease()
         if lease is None:
             return
         try:
             await self.store.release(lease)
         except StoreError as exc:  # it expires by itself
-            log.warning(events.LOG_SESSION_RELEASE_FAILED, session=runtime.id, error=str(exc))
+            runtime.log.warning(events.LOG_SESSION_RELEASE_FAILED, error=str(exc))
 
     async def _finish(self, runtime: SessionRuntime, turn: PendingTurn, record: TurnRecord) -> None:
         if turn.record is not None:  # ended already (a close racing the commit): once only
@@ -406,19 +404,12 @@ class TurnRunner:
             # A remote subscriber hears of this turn's end before the client can start the next
             # turn on yet another replica, so its stream stays in order across turns.
             await relay.flush(RELAY_FLUSH_BOUND)
-        if runtime.child is not None:  # a swap parked during the turn was adopted at its end
-            runtime.generation = max(runtime.generation, runtime.child.generation)
-        runtime.pending = None
-        runtime.intel_waiting = False
-        runtime.idle_since = time.monotonic()
-        if runtime.state != "failed":
-            runtime.state = "idle"
+        runtime.turn_ended()
         turn.record = record
         self.metrics.turns.labels(status=record.status.value).inc()
         self.metrics.turn_seconds.observe(max(0.0, record.ended_at - record.started_at))
-        log.info(
+        runtime.log.info(
             events.LOG_TURN_DONE,
-            session=runtime.id,
             turn=record.id,
             status=record.status.value,
             models=list(record.models),

@@ -137,10 +137,74 @@ class SessionRuntime:
         """``turn`` does not run here after all (not stored, or another replica runs it)."""
         self.pending, self.state = None, "idle"
 
+    def restore(self, turn: PendingTurn) -> None:
+        """An interrupted turn (a restart, a failover) is the session's turn in flight again."""
+        self.pending = turn
+
+    def run_restored(self) -> None:
+        """The restored turn runs (it did not end at once)."""
+        self.state = "running"
+
+    def turn_ended(self) -> None:
+        """Its turn ended: the session is idle again (unless it failed), and idle from now."""
+        if self.child is not None:  # a swap parked during the turn was adopted at its end
+            self.generation = max(self.generation, self.child.generation)
+        self.pending = None
+        self.intel_waiting = False
+        self.idle_since = time.monotonic()
+        if self.state != "failed":
+            self.state = "idle"
+
+    def turn_dropped(self) -> None:
+        """Its turn is another replica's now (the lease was lost): nothing in flight here."""
+        self.pending = None
+        if self.state == "running":
+            self.state = "idle"
+
+    def failed(self) -> None:
+        """The session failed (kept, visible, resumable by a new message)."""
+        self.state = "failed"
+
     def resume_failed(self) -> None:
         """A failed session takes a new message: it is idle again, its crashes forgiven."""
         self.state = "idle"
         self.crashes, self.quarantined = (), False
+
+    def closing_begins(self) -> None:
+        """A close is under way: the session takes no new request."""
+        self.closing = True
+
+    def close_undone(self, *, turn_ended: bool) -> None:
+        """The close did not happen: the session is open and usable (``turn_ended``: its turn was
+        cancelled on the way, so it is idle unless it failed)."""
+        self.closing = False
+        if turn_ended and self.state != "failed":
+            self.state = "idle"
+
+    def unloaded(self) -> None:
+        """The session is not loaded on a child (any more)."""
+        self.child = None
+
+    # ------------------------------------------------------------------ its generation and leases
+
+    def swapped(self, generation: int, model: str | None = None) -> None:
+        """The session runs ``generation`` (and ``model``, when that changed) from now on."""
+        self.generation = generation
+        if model is not None:
+            self.model = model
+
+    def refreshed(self, assistant: str, model: str, generation: int) -> None:
+        """What the store says of the session, read again (another replica may have changed it)."""
+        self.assistant, self.model, self.generation = assistant, model, generation
+
+    def hold(self, lease: Lease) -> None:
+        """This replica holds the session's lease (claimed or renewed)."""
+        self.lease, self.last_token = lease, lease.token
+
+    def give_up_lease(self) -> Lease | None:
+        """This replica no longer holds the session's lease: the one it held, to release."""
+        lease, self.lease = self.lease, None
+        return lease
 
     def closed(self) -> None:
         """The session is closed: it ends its streams."""

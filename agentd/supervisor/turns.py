@@ -130,14 +130,14 @@ class Turns:
         turn = PendingTurn(
             id=started.id, message=started.message, started_at=started.started_at, budget_start=time.time()
         )
-        runtime.pending = turn
+        runtime.restore(turn)
         if stored.state == "failed":  # it failed before the restart: its turn ends as it would have
             await self.runner.end_without_result(runtime, turn, TurnStatus.FAILED, "the session had failed")
             return None
         if started.cancel_requested:  # asked on a replica that did not run it (RFC 0009 §7)
             await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled before it resumed")
             return None
-        runtime.state = "running"
+        runtime.run_restored()
         return turn
 
     async def resume_interrupted(self) -> None:
@@ -233,7 +233,7 @@ class Turns:
         runtime = self.sessions.get(session_id)
         if runtime is None or runtime.closing:
             return
-        runtime.closing = True
+        runtime.closing_begins()
         turn = runtime.pending
         if turn is not None:
             await self.cancel_here(runtime)
@@ -246,12 +246,12 @@ class Turns:
         if turn is not None:
             await turn.done.wait()
         await self.pool.unload(runtime.id)
-        runtime.child = None
+        runtime.unloaded()
         runtime.closed()
         self.sessions.forget(runtime)
         runtime.log.info(events.LOG_SESSION_CLOSED, elsewhere=True)
 
     async def unload(self, runtime: SessionRuntime) -> None:
         """Unload the session from its child: the next turn loads what the store has."""
-        runtime.child = None
+        runtime.unloaded()
         await self.pool.unload(runtime.id)
