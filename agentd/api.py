@@ -1,6 +1,9 @@
-"""The HTTP+JSON control API (RFC 0000 §6) as a Starlette app over the Supervisor.
+"""The HTTP+JSON control API (RFC 0000 §6) as a Starlette app over the daemon's operations.
 
 Bodies are msgspec Structs from agentd.views; every error is ``{"error": {"code", "message"}}``.
+The operations refuse with the domain errors of ``agentd.errors``; this module alone says which
+HTTP status each is answered with (``STATUS``). The app is built over any ``Service`` (the
+daemon's composition root, ``agentd.supervisor.daemon``, gives it the supervisor).
 The unix socket listener needs no token (the socket is mode 0600); the optional TCP listener is
 wrapped in ``BearerAuth``. While the daemon waits for its store at start-up the listeners serve
 ``build_waiting_app`` instead (alive, not ready), through a ``SwitchableApp`` that the daemon
@@ -12,10 +15,11 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
+from anyio.streams.memory import MemoryObjectReceiveStream
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -25,11 +29,31 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentd import events
+from agentd.config import Config
+from agentd.errors import (
+    BadInput,
+    Conflict,
+    NotFound,
+    ServiceError,
+    StoreFull,
+    TooLarge,
+    Unavailable,
+)
 from agentd.obs import get_logger
-from agentd.supervisor.core import ApiError, Supervisor
-from agentd.views import Accepted, CreateSession, ErrorBody, ErrorDetail, PostMessage
+from agentd.views import (
+    Accepted,
+    CreateSession,
+    ErrorBody,
+    ErrorDetail,
+    MessageResult,
+    PostMessage,
+    ReloadResult,
+    SessionSummary,
+    SessionView,
+    StatusView,
+)
 
-__all__ = ["ROUTES", "BearerAuth", "SwitchableApp", "build_app", "build_waiting_app"]
+__all__ = ["ROUTES", "STATUS", "BearerAuth", "Service", "SwitchableApp", "build_app", "build_waiting_app", "status_of"]
 
 log = get_logger("api")
 
@@ -49,6 +73,53 @@ def error_response(status: int, code: str, message: str, turn: str | None = None
     return JSONResponse(ErrorBody(error=ErrorDetail(code=code, message=message, turn=turn)), status_code=status)
 
 
+#: The HTTP status of each kind of domain error (the most specific kind listed wins).
+STATUS: dict[type[ServiceError], int] = {
+    BadInput: 400,
+    NotFound: 404,
+    Conflict: 409,
+    TooLarge: 413,
+    Unavailable: 503,
+    StoreFull: 507,
+}
+
+
+def status_of(error: ServiceError) -> int:
+    """The HTTP status ``error`` is answered with (500 for a kind ``STATUS`` does not list)."""
+    for kind in type(error).__mro__:
+        if kind in STATUS:
+            return STATUS[kind]
+    return 500
+
+
+async def _on_service_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServiceError)
+    return error_response(status_of(exc), exc.code, exc.message, exc.turn)
+
+
+class Service(Protocol):
+    """What the API serves: the daemon's operations."""
+
+    @property
+    def config(self) -> Config:
+        """The running config (the message size limit)."""
+
+    def ready(self) -> list[str]:
+        """Reasons the daemon is not ready (empty = ready)."""
+
+    async def status(self) -> StatusView: ...
+    async def reload(self) -> ReloadResult: ...
+    async def metrics_text(self) -> bytes: ...
+    async def create_session(self, assistant_name: str | None) -> SessionView: ...
+    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]: ...
+    async def get_session(self, session_id: str) -> SessionView: ...
+    async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted: ...
+    async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[tuple[str, dict[str, Any]]]: ...
+    def unsubscribed(self, session_id: str) -> None: ...
+    async def cancel(self, session_id: str) -> str: ...
+    async def close_session(self, session_id: str) -> SessionSummary: ...
+
+
 def _is_number(text: str) -> bool:
     """ASCII digits only: ``"²".isdigit()`` is true, yet ``int("²")`` raises."""
     return text.isascii() and text.isdigit()
@@ -63,14 +134,12 @@ async def _read_body(request: Request, limit: int, source: str = FIXED_LIMIT) ->
     """The request body, refused with 413 as soon as it is known to exceed ``limit`` (never read whole)."""
     declared = request.headers.get("content-length")
     if declared is not None and _is_number(declared) and int(declared) > limit:
-        raise ApiError(
-            413, "too_large", f"the request body is {int(declared)} bytes; the limit is {limit} bytes ({source})"
-        )
+        raise TooLarge(f"the request body is {int(declared)} bytes; the limit is {limit} bytes ({source})")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise ApiError(413, "too_large", f"the request body exceeds the limit of {limit} bytes ({source})")
+            raise TooLarge(f"the request body exceeds the limit of {limit} bytes ({source})")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -84,17 +153,16 @@ async def _decode(
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
-        raise ApiError(400, "invalid_body", f"invalid request body: {exc}") from None
+        raise BadInput(f"invalid request body: {exc}", code="invalid_body") from None
     except msgspec.DecodeError as exc:
         where = _lone_surrogate(body)
         if where is not None:
-            raise ApiError(
-                400,
-                "malformed_json",
+            raise BadInput(
                 f"request body is not valid JSON text: the string at {where} holds a lone UTF-16 surrogate "
                 "(a \\uD800-\\uDFFF escape that is not half of a pair), which is not Unicode text",
+                code="malformed_json",
             ) from None
-        raise ApiError(400, "malformed_json", f"request body is not valid JSON: {exc}") from None
+        raise BadInput(f"request body is not valid JSON: {exc}", code="malformed_json") from None
 
 
 def _lone_surrogate(body: bytes) -> str | None:
@@ -159,7 +227,7 @@ async def _on_http_error(_: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, code, str(exc.detail))
 
 
-def build_app(supervisor: Supervisor) -> Starlette:
+def build_app(supervisor: Service) -> Starlette:
     """The API application bound to ``supervisor``."""
 
     async def ready(request: Request) -> Response:
@@ -182,7 +250,7 @@ def build_app(supervisor: Supervisor) -> Starlette:
     async def list_sessions(request: Request) -> Response:
         limit_text = request.query_params.get("limit", str(DEFAULT_PAGE))
         if not _is_number(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
-            raise ApiError(400, "bad_limit", f"limit must be a whole number from 1 to {MAX_PAGE}, not {limit_text!r}")
+            raise BadInput(f"limit must be a whole number from 1 to {MAX_PAGE}, not {limit_text!r}", code="bad_limit")
         after = request.query_params.get("after") or None
         return JSONResponse(await supervisor.list_sessions(limit=int(limit_text), after=after))
 
@@ -233,10 +301,6 @@ def build_app(supervisor: Supervisor) -> Starlette:
 
         return Response(await supervisor.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
-    async def on_api_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return error_response(exc.status, exc.code, exc.message, exc.turn)
-
     handlers = {
         "health": _health,
         "ready": ready,
@@ -254,7 +318,7 @@ def build_app(supervisor: Supervisor) -> Starlette:
     return Starlette(
         routes=[Route(path, handlers[name], methods=[method]) for path, method, name in ROUTES],
         middleware=[Middleware(CatchAll)],
-        exception_handlers={ApiError: on_api_error, HTTPException: _on_http_error},
+        exception_handlers={ServiceError: _on_service_error, HTTPException: _on_http_error},
     )
 
 

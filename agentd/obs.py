@@ -81,12 +81,12 @@ def _route_stdlib_logging() -> None:
         logging.getLogger(name).propagate = True  # to the root handler above (log_config=None)
 
 
-def get_logger(component: str) -> structlog.typing.FilteringBoundLogger:
-    """A logger whose lines carry ``component``."""
+def get_logger(component: str, **context: object) -> structlog.typing.FilteringBoundLogger:
+    """A logger whose lines carry ``component`` and ``context`` (e.g. the session they are about)."""
     # get_logger(**initial) stays lazy: a module-level logger follows configure_logging() called later.
     # structlog.get_logger is typed Any (its return depends on configure()); this project configures a filtering
     # bound logger, so name that type here.
-    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(component=component)
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(component=component, **context)
     return logger
 
 

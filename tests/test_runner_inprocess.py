@@ -20,15 +20,16 @@ import pytest
 
 from agentd import events
 from agentd.budget import TurnStatus
-from agentd.config import Config, SwapPolicy, intelligence_map, parse_config
+from agentd.config import Config, PolicyChoice, SwapPolicy, parse_config
 from agentd.messages import AssistantMessage, UserMessage
 from agentd.obs import Metrics
-from agentd.protocol import Spawn, SwapIntel
 from agentd.store.sqlite import SqliteStore
 from agentd.supervisor.inprocess import InProcessChild, InProcessLauncher
+from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.runner import TurnRunner
-from agentd.supervisor.session import PendingTurn, SessionRuntime
+from agentd.supervisor.running import Running
+from agentd.supervisor.session import PendingTurn, SessionRuntime, SessionTable
 
 pytestmark = pytest.mark.anyio
 
@@ -56,29 +57,6 @@ tools = []
 
 
 @dataclass
-class Running:
-    """The running generation, as the runner needs it (the supervisor's part)."""
-
-    config: Config
-    generation: int = 1
-
-    def swap_frame(self) -> SwapIntel:
-        return SwapIntel(
-            generation=self.generation,
-            policy=SwapPolicy.FINISH_ON_OLD,
-            intelligence=intelligence_map(self.config),
-            limits=self.config.limits,
-            config=self.config,
-        )
-
-    def model_of(self, assistant: str, fallback: str) -> str:
-        return self.config.intelligence.model
-
-    def spawn(self, child_id: str) -> Spawn:
-        return Spawn(child_id=child_id, generation=self.generation, policy=SwapPolicy.FINISH_ON_OLD, config=self.config)
-
-
-@dataclass
 class Harness:
     running: Running
     store: SqliteStore
@@ -86,7 +64,7 @@ class Harness:
     pool: Pool
     launcher: InProcessLauncher
     metrics: Metrics
-    sessions: dict[str, SessionRuntime]
+    sessions: SessionTable
 
     async def turn(self, session_id: str, text: str, turn_id: str) -> tuple[SessionRuntime, PendingTurn]:
         """Accept a turn as the supervisor does (stored first) and hand it to the runner."""
@@ -94,7 +72,7 @@ class Harness:
             await self.store.create_session(
                 session_id, assistant="main", generation=1, model="m1", created_at=time.time()
             )
-            self.sessions[session_id] = SessionRuntime(session_id, "main", "idle", 1, "m1")
+            self.sessions.add(SessionRuntime(session_id, "main", "idle", 1, "m1"))
         runtime = self.sessions[session_id]
         message = UserMessage(content=text, turn=turn_id)
         turn = PendingTurn(id=turn_id, message=message, started_at=time.time(), fresh=True)
@@ -107,9 +85,9 @@ class Harness:
 @asynccontextmanager
 async def harness(tmp_path: Path, cfg: Config) -> AsyncIterator[Harness]:
     store = await SqliteStore.open(tmp_path / "agentd.db")
-    running = Running(cfg)
+    running = Running(DaemonOptions(), cfg, PolicyChoice(SwapPolicy.FINISH_ON_OLD, "default"))
     metrics = Metrics()
-    sessions: dict[str, SessionRuntime] = {}
+    sessions = SessionTable(running)
     runner = TurnRunner(
         store=store,
         metrics=metrics,
@@ -121,7 +99,11 @@ async def harness(tmp_path: Path, cfg: Config) -> AsyncIterator[Harness]:
     try:
         async with InProcessLauncher() as launcher:
             pool = Pool(
-                settings=lambda: cfg.supervisor, spawn=running.spawn, env=lambda: {}, owner=runner, launcher=launcher
+                settings=lambda: cfg.supervisor,
+                spawn=running.spawn_frame,
+                env=lambda: {},
+                owner=runner,
+                launcher=launcher,
             )
             async with anyio.create_task_group() as tg:
                 await tg.start(pool.run)
@@ -191,7 +173,7 @@ async def test_a_reload_broadcast_is_acked_by_every_child_and_swaps_an_idle_load
         with anyio.fail_after(WAIT):
             await turn.done.wait()
         assert runtime.pending is None and runtime.child is not None  # idle, and loaded on its child
-        h.running.config, h.running.generation = config(model="m2"), 2
+        h.running.apply(config(model="m2"), h.running.policy)  # generation 2
         with runtime.subscribe() as subscriber:
             fanout = await h.pool.broadcast(lambda _child: h.running.swap_frame())
             assert sorted(c.id for c in fanout.sent) == sorted(h.pool.children)  # every child, loaded or not

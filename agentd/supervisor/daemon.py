@@ -49,10 +49,12 @@ from agentd.config import (
 from agentd.environment import register_secrets
 from agentd.obs import configure_logging, get_logger
 from agentd.store import Store, StoreError, StoreUnavailable, open_store, store_location
-from agentd.supervisor.core import Supervisor, load_daemon_config
+from agentd.supervisor.core import Supervisor
+from agentd.supervisor.host import raise_fd_limit, use_pidfd_child_watcher
 from agentd.supervisor.listener import TCP_BACKLOG, ApiServer, connection_cap
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.replica import ENV_REPLICA_ID, replica_id
+from agentd.supervisor.running import load_daemon_config
 from agentd.supervisor.systemd import notify
 from agentd.validate import abort_tool_checks
 
@@ -242,40 +244,6 @@ class EarlySignals:
 
     def _remember(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
-
-
-def raise_fd_limit() -> None:
-    """Raise the soft limit on open files to the hard one: each child costs the supervisor two fds,
-    each API connection one, and systemd's default soft limit (1024) is far below what a pool and
-    thousands of clients need."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft == resource.RLIM_INFINITY or soft >= wanted:
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-    except (ValueError, OSError) as exc:
-        log.warning(events.LOG_SUPERVISOR_FD_LIMIT, soft=soft, hard=hard, error=str(exc))
-
-
-def use_pidfd_child_watcher() -> None:
-    """Watch children through pidfds, not a thread per child.
-
-    Python 3.11's default asyncio child watcher starts a thread for every child process; from 3.12
-    on, asyncio picks a pidfd watcher by itself where the kernel has pidfds (and the watcher API
-    is deprecated), so this only acts on 3.11.
-    """
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    import asyncio
-
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # an old kernel: keep the default
-        return
-    watcher = asyncio.PidfdChildWatcher()
-    watcher.attach_loop(asyncio.get_running_loop())
-    asyncio.get_event_loop_policy().set_child_watcher(watcher)
 
 
 def run_daemon(options: DaemonOptions) -> int:

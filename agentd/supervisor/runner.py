@@ -15,15 +15,14 @@ written to the store and acknowledged, and every run of a turn is sent what earl
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.abc
 
 from agentd import events
 from agentd.budget import TurnStatus
-from agentd.config import Config
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
 from agentd.protocol import (
@@ -38,7 +37,6 @@ from agentd.protocol import (
     Open,
     ProtocolError,
     SwapApplied,
-    SwapIntel,
     SwapsApplied,
     TurnDiscarded,
     TurnDone,
@@ -49,10 +47,11 @@ from agentd.supervisor.blame import CrashVerdict, blame, quarantined, rerun_allo
 from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.relay import EventRelay, relay_fence
-from agentd.supervisor.session import PendingTurn, SessionRuntime
+from agentd.supervisor.running import Running
+from agentd.supervisor.session import PendingTurn, SessionRuntime, SessionTable
 from agentd.views import entry_from_message
 
-__all__ = ["DEADLINE_GRACE", "Generation", "TurnRunner"]
+__all__ = ["DEADLINE_GRACE", "TurnRunner"]
 
 log = get_logger("supervisor")
 
@@ -67,24 +66,6 @@ LEASE_LOST_CUT = "another replica took the session over; the turn runs there and
 RELAY_FLUSH_BOUND = 2.0
 
 
-class Generation(Protocol):
-    """The running config generation, as the runner needs it."""
-
-    @property
-    def generation(self) -> int:
-        """The running generation number."""
-
-    @property
-    def config(self) -> Config:
-        """The running config."""
-
-    def swap_frame(self) -> SwapIntel:
-        """The SwapIntel describing the running generation."""
-
-    def model_of(self, assistant: str, fallback: str) -> str:
-        """The running model of ``assistant`` (``fallback`` if the config no longer has it)."""
-
-
 class TurnRunner:
     """Drives turns on the pool and handles what children send about their sessions."""
 
@@ -93,8 +74,8 @@ class TurnRunner:
         *,
         store: Store,
         metrics: Metrics,
-        running: Generation,
-        sessions: MutableMapping[str, SessionRuntime],
+        running: Running,
+        sessions: SessionTable,
         on_swap_acked: Callable[[Child, int], None],
         on_turn_finished: Callable[[], None],
         replica: str = "",
@@ -109,7 +90,7 @@ class TurnRunner:
         self.watched_elsewhere = watched_elsewhere
         self.metrics = metrics
         self.running = running
-        self.sessions = sessions  # the hot sessions, by id (shared with the supervisor)
+        self.sessions = sessions  # the hot sessions, by id
         self.pool: Pool | None = None
         self._on_swap_acked = on_swap_acked
         self._on_turn_finished = on_turn_finished
@@ -349,14 +330,14 @@ class TurnRunner:
                 await self.lease_lost(runtime, str(exc))
                 return
             except StoreError as exc:  # e.g. its results were committed meanwhile: nothing to abandon
-                log.warning(events.LOG_TURN_ABANDON_FAILED, session=runtime.id, turn=turn.id, error=str(exc))
+                runtime.log.warning(events.LOG_TURN_ABANDON_FAILED, turn=turn.id, error=str(exc))
             record = TurnRecord(id=turn.id, status=status, started_at=turn.started_at, ended_at=now, error=error)
             await self._finish(runtime, turn, record)
 
     async def fail(self, runtime: SessionRuntime, error: str) -> None:
         """Mark the session failed (kept, visible, resumable by a new message); its turn ends failed."""
-        runtime.state = "failed"
-        log.error(events.LOG_SESSION_FAILED, session=runtime.id, error=error)
+        runtime.failed()
+        runtime.log.error(events.LOG_SESSION_FAILED, error=error)
         self.emit(runtime, events.SESSION_FAILED, runtime.pending.id if runtime.pending else None, {"error": error})
         if runtime.pending is not None:
             await self.end_without_result(runtime, runtime.pending, TurnStatus.FAILED, error)
@@ -372,17 +353,15 @@ class TurnRunner:
         # The stale lease stays: any write still made with it is refused by the store (never unfenced).
         lease = runtime.lease
         turn = runtime.pending
-        log.warning(
+        runtime.log.warning(
             events.LOG_SESSION_LEASE_LOST,
-            session=runtime.id,
             turn=turn.id if turn is not None else None,
             token=lease.token if lease is not None else None,
             reason=reason,
         )
         if turn is not None:
-            child, runtime.pending = turn.child, None
-            if runtime.state == "running":
-                runtime.state = "idle"
+            child = turn.child
+            runtime.turn_dropped()
             if not turn.done.is_set():
                 turn.cut, turn.cut_code = LEASE_LOST_CUT, "lease_lost"
                 turn.mark_done()
@@ -394,7 +373,7 @@ class TurnRunner:
                 try:
                     await self.store.release(lease)
                 except StoreError as exc:
-                    log.warning(events.LOG_SESSION_RELEASE_FAILED, session=runtime.id, error=str(exc))
+                    runtime.log.warning(events.LOG_SESSION_RELEASE_FAILED, error=str(exc))
         if self.pool is not None:
             runtime.child = None
             await self.pool.unload(runtime.id)
@@ -402,13 +381,13 @@ class TurnRunner:
 
     async def _release(self, runtime: SessionRuntime) -> None:
         """Give the session's lease up once its turn ended, so any replica can run its next turn."""
-        lease, runtime.lease = runtime.lease, None
+        lease = runtime.give_up_lease()
         if lease is None:
             return
         try:
             await self.store.release(lease)
         except StoreError as exc:  # it expires by itself
-            log.warning(events.LOG_SESSION_RELEASE_FAILED, session=runtime.id, error=str(exc))
+            runtime.log.warning(events.LOG_SESSION_RELEASE_FAILED, error=str(exc))
 
     async def _finish(self, runtime: SessionRuntime, turn: PendingTurn, record: TurnRecord) -> None:
         if turn.record is not None:  # ended already (a close racing the commit): once only
@@ -424,19 +403,12 @@ class TurnRunner:
             # A remote subscriber hears of this turn's end before the client can start the next
             # turn on yet another replica, so its stream stays in order across turns.
             await relay.flush(RELAY_FLUSH_BOUND)
-        if runtime.child is not None:  # a swap parked during the turn was adopted at its end
-            runtime.generation = max(runtime.generation, runtime.child.generation)
-        runtime.pending = None
-        runtime.intel_waiting = False
-        runtime.idle_since = time.monotonic()
-        if runtime.state != "failed":
-            runtime.state = "idle"
+        runtime.turn_ended()
         turn.record = record
         self.metrics.turns.labels(status=record.status.value).inc()
         self.metrics.turn_seconds.observe(max(0.0, record.ended_at - record.started_at))
-        log.info(
+        runtime.log.info(
             events.LOG_TURN_DONE,
-            session=runtime.id,
             turn=record.id,
             status=record.status.value,
             models=list(record.models),
@@ -686,9 +658,7 @@ class TurnRunner:
 
     def evict_if_cold(self, runtime: SessionRuntime) -> None:
         """Forget a runtime that is no longer loaded, running or watched (the store has the session)."""
-        runtime.prune_subscribers()
-        if not runtime.hot and self.sessions.get(runtime.id) is runtime:
-            del self.sessions[runtime.id]
+        self.sessions.evict_if_cold(runtime)
 
     async def _store_quietly(self, call: Awaitable[None], session_id: str) -> None:
         """Await a store update whose failure must not end the caller (it is logged)."""

@@ -1,16 +1,18 @@
-"""One session as the supervisor holds it: its own state only.
+"""One session as the supervisor holds it, and the table of the hot ones.
 
-A session is rows in the store; this object is the few hundred bytes the supervisor keeps while
-the session is *hot* (loaded on a child, running a turn, or watched by a subscriber): its
+A session is rows in the store; ``SessionRuntime`` is the few hundred bytes the supervisor keeps
+while the session is *hot* (loaded on a child, running a turn, or watched by a subscriber): its
 assistant, state, generation and model, the turn in flight, where it is loaded, its recent
 crashes, and its event subscribers. It holds no transcript (the store has it) and no reference to
-the supervisor; the turn runner (``agentd.supervisor.runner``) acts on it.
+the supervisor; the turn runner (``agentd.supervisor.runner``) acts on it. ``SessionTable`` is
+the one set of hot sessions: only its methods add a session to it or drop one.
 """
 
 from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,15 +20,18 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from agentd import events
+from agentd.errors import Conflict
 from agentd.messages import UserMessage
+from agentd.obs import get_logger
 from agentd.records import SessionState, TurnRecord
-from agentd.views import Entry, turn_done_event
+from agentd.views import Entry, entry_from_message, turn_done_event
 
 if TYPE_CHECKING:
-    from agentd.store import Lease
+    from agentd.store import Lease, StoredEntry, StoredSession
     from agentd.supervisor.child import Child
+    from agentd.supervisor.running import Running
 
-__all__ = ["PendingTurn", "SessionRuntime"]
+__all__ = ["PendingTurn", "SessionRuntime", "SessionTable", "added_entries"]
 
 SUBSCRIBER_BUFFER = 1024
 EventItem = tuple[str, dict[str, Any]]
@@ -98,6 +103,7 @@ class SessionRuntime:
 
     def __init__(self, session_id: str, assistant: str, state: SessionState, generation: int, model: str) -> None:
         self.id = session_id
+        self.log = get_logger("supervisor", session=session_id)  # its lines name the session
         self.assistant = assistant
         self.state: SessionState = state
         self.generation = generation
@@ -118,6 +124,92 @@ class SessionRuntime:
         self._subscribers: set[MemoryObjectSendStream[EventItem]] = set()
         # The turns whose turn.done this replica published last (a catch-up never repeats one).
         self.done_published: collections.deque[str] = collections.deque(maxlen=32)
+
+    # ------------------------------------------------------------------ its turn
+
+    def reserve(self, turn: PendingTurn) -> None:
+        """Make ``turn`` the session's turn in flight; Conflict while another one is."""
+        if self.pending is not None:
+            raise Conflict(f"session {self.id} is already running turn {self.pending.id}", code="turn_running")
+        self.pending, self.state = turn, "running"
+
+    def unreserve(self, turn: PendingTurn) -> None:
+        """``turn`` does not run here after all (not stored, or another replica runs it)."""
+        self.pending, self.state = None, "idle"
+
+    def restore(self, turn: PendingTurn) -> None:
+        """An interrupted turn (a restart, a failover) is the session's turn in flight again."""
+        self.pending = turn
+
+    def run_restored(self) -> None:
+        """The restored turn runs (it did not end at once)."""
+        self.state = "running"
+
+    def turn_ended(self) -> None:
+        """Its turn ended: the session is idle again (unless it failed), and idle from now."""
+        if self.child is not None:  # a swap parked during the turn was adopted at its end
+            self.generation = max(self.generation, self.child.generation)
+        self.pending = None
+        self.intel_waiting = False
+        self.idle_since = time.monotonic()
+        if self.state != "failed":
+            self.state = "idle"
+
+    def turn_dropped(self) -> None:
+        """Its turn is another replica's now (the lease was lost): nothing in flight here."""
+        self.pending = None
+        if self.state == "running":
+            self.state = "idle"
+
+    def failed(self) -> None:
+        """The session failed (kept, visible, resumable by a new message)."""
+        self.state = "failed"
+
+    def resume_failed(self) -> None:
+        """A failed session takes a new message: it is idle again, its crashes forgiven."""
+        self.state = "idle"
+        self.crashes, self.quarantined = (), False
+
+    def closing_begins(self) -> None:
+        """A close is under way: the session takes no new request."""
+        self.closing = True
+
+    def close_undone(self, *, turn_ended: bool) -> None:
+        """The close did not happen: the session is open and usable (``turn_ended``: its turn was
+        cancelled on the way, so it is idle unless it failed)."""
+        self.closing = False
+        if turn_ended and self.state != "failed":
+            self.state = "idle"
+
+    def unloaded(self) -> None:
+        """The session is not loaded on a child (any more)."""
+        self.child = None
+
+    # ------------------------------------------------------------------ its generation and leases
+
+    def swapped(self, generation: int, model: str | None = None) -> None:
+        """The session runs ``generation`` (and ``model``, when that changed) from now on."""
+        self.generation = generation
+        if model is not None:
+            self.model = model
+
+    def refreshed(self, assistant: str, model: str, generation: int) -> None:
+        """What the store says of the session, read again (another replica may have changed it)."""
+        self.assistant, self.model, self.generation = assistant, model, generation
+
+    def hold(self, lease: Lease) -> None:
+        """This replica holds the session's lease (claimed or renewed)."""
+        self.lease, self.last_token = lease, lease.token
+
+    def give_up_lease(self) -> Lease | None:
+        """This replica no longer holds the session's lease: the one it held, to release."""
+        lease, self.lease = self.lease, None
+        return lease
+
+    def closed(self) -> None:
+        """The session is closed: it ends its streams."""
+        self.state = "closed"
+        self.close_subscribers()
 
     @property
     def running(self) -> bool:
@@ -177,3 +269,62 @@ class SessionRuntime:
             if subscriber.statistics().open_receive_streams == 0:
                 self._subscribers.discard(subscriber)
                 subscriber.close()
+
+
+def added_entries(stored: Iterable[StoredEntry]) -> list[Entry]:
+    """The entries a turn added, as the API shows them: its stored entries but its input."""
+    return [entry_from_message(e.seq, e.message) for e in stored if not isinstance(e.message, UserMessage)]
+
+
+class SessionTable(Mapping[str, SessionRuntime]):
+    """The hot sessions by id, read by everyone who acts on sessions; only these methods change the set.
+
+    Any other session is read from the store when it is asked for, so start-up and memory do not
+    grow with the number of open sessions (RFC 0006).
+    """
+
+    def __init__(self, running: Running) -> None:
+        self._running = running
+        self._by_id: dict[str, SessionRuntime] = {}
+
+    def __getitem__(self, session_id: str) -> SessionRuntime:
+        return self._by_id[session_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def add(self, runtime: SessionRuntime) -> SessionRuntime:
+        """``runtime`` made hot — or the session's runtime, if it is hot already."""
+        return self._by_id.setdefault(runtime.id, runtime)
+
+    def hot(self, stored: StoredSession) -> SessionRuntime:
+        """The session's runtime, made hot from its row if it was not: not loaded anywhere, so it
+        has taken every swap since the row was written (RFC 0006 §7): it runs the current generation."""
+        runtime = self._by_id.get(stored.id)
+        if runtime is not None:
+            return runtime
+        state: SessionState = "failed" if stored.state == "failed" else "idle"
+        model = self._running.model_of(stored.assistant, stored.model)
+        return self.add(SessionRuntime(stored.id, stored.assistant, state, self._running.generation, model))
+
+    def evict_if_cold(self, runtime: SessionRuntime) -> None:
+        """Forget a runtime that is no longer loaded, running or watched (the store has the session)."""
+        runtime.prune_subscribers()
+        if not runtime.hot:
+            self.forget(runtime)
+
+    def forget(self, runtime: SessionRuntime) -> None:
+        """Drop ``runtime`` (if it is still the session's hot runtime)."""
+        if self._by_id.get(runtime.id) is runtime:
+            del self._by_id[runtime.id]
+
+    def discard(self, session_id: str) -> None:
+        """Drop whatever runtime the session has here."""
+        self._by_id.pop(session_id, None)
+
+    def running(self) -> int:
+        """How many hot sessions have a turn in flight."""
+        return sum(1 for r in self._by_id.values() if r.pending is not None)

@@ -1,0 +1,364 @@
+"""The API's operations (RFC 0000 §6): status, sessions, messages, events, cancels, closes.
+
+Each turns a request into store calls and turns (``agentd.supervisor.turns``), and answers with a
+body of ``agentd.views`` or refuses with a domain error of ``agentd.errors`` — never an HTTP
+status: ``agentd.api`` alone says how each error is answered. Which replica runs a session's turn
+is membership's business (``agentd.supervisor.membership``); nothing here asks which store it is.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from agentd import __version__, events
+from agentd.budget import TurnStatus
+from agentd.config import effective_intelligence
+from agentd.errors import BadInput, Conflict, Draining, NotFound, ServiceError, StoreDown, store_failure
+from agentd.messages import UserMessage
+from agentd.obs import get_logger
+from agentd.protocol import Watch
+from agentd.records import SessionState
+from agentd.store import Store, StoredSession, StoreError, StoreUnavailable, UnknownSession
+from agentd.supervisor.membership import Membership
+from agentd.supervisor.pool import Pool
+from agentd.supervisor.replica import registry_max_age, replica_views
+from agentd.supervisor.runner import TurnRunner
+from agentd.supervisor.running import Running
+from agentd.supervisor.session import EventItem, SessionRuntime, SessionTable
+from agentd.supervisor.turns import Turns, new_id
+from agentd.transfer import OpenerKind, opener_message, opener_plan, session_start_history
+from agentd.views import (
+    Accepted,
+    ChildView,
+    MessageResult,
+    PolicyView,
+    PostMessage,
+    ReplicaView,
+    SessionCounts,
+    SessionSummary,
+    SessionView,
+    StatusView,
+    entry_from_message,
+    turn_view,
+)
+
+__all__ = ["Operations"]
+
+log = get_logger("supervisor")
+T = TypeVar("T")
+
+
+class Operations:
+    """What the API asks of the daemon, answered from the store and the hot sessions."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        running: Running,
+        sessions: SessionTable,
+        pool: Pool,
+        runner: TurnRunner,
+        membership: Membership,
+        turns: Turns,
+    ) -> None:
+        self.store = store
+        self.running = running
+        self.sessions = sessions
+        self.pool = pool
+        self.runner = runner
+        self.membership = membership
+        self.turns = turns
+
+    # ------------------------------------------------------------------ the daemon
+
+    async def status(self) -> StatusView:
+        """What ``agentd status`` shows: generation, policy, children and session counts."""
+        children = [
+            ChildView(
+                pid=c.pid,
+                sessions=len(c.loaded),
+                in_flight=len(c.in_flight),
+                state=c.role.value,
+                generation=c.generation,
+                restarts=c.restarts,
+            )
+            for c in self.pool.children.values()
+        ]
+        counts = await self._store(self.store.session_counts())
+        sessions = SessionCounts(
+            open=sum(n for state, n in counts.items() if state != "closed"),
+            loaded=sum(len(c.loaded) for c in self.pool.children.values()),
+            running=self.sessions.running(),
+            failed=counts.get("failed", 0),
+        )
+        running = self.running
+        return StatusView(
+            pid=os.getpid(),
+            version=__version__,
+            generation=running.generation,
+            model_swap=PolicyView(policy=running.policy.policy.value, source=running.policy.source),
+            config_path=str(running.options.config_path) if running.options.config_path else None,
+            children=children,
+            sessions=sessions,
+            draining=running.draining,
+            replica=self.membership.name,
+            replicas=await self._live_replicas(),
+        )
+
+    async def _live_replicas(self) -> list[ReplicaView]:
+        max_age = registry_max_age(self.running.config.store.lease)
+        rows = replica_views(await self._store(self.store.live_replicas(max_age)))
+        return [ReplicaView(id=r.id, generation=r.generation, sessions=r.sessions, seen_at=r.seen_at) for r in rows]
+
+    async def metrics_text(self) -> bytes:
+        """Prometheus exposition, with the gauges read fresh."""
+        metrics = self.running.metrics
+        counts = await self._store(self.store.session_counts())
+        running = self.sessions.running()
+        metrics.sessions.labels(state="idle").set(max(0, counts.get("idle", 0) + counts.get("running", 0) - running))
+        metrics.sessions.labels(state="running").set(running)
+        metrics.sessions.labels(state="failed").set(counts.get("failed", 0))
+        metrics.sessions.labels(state="loaded").set(sum(len(c.loaded) for c in self.pool.children.values()))
+        metrics.children.set(sum(1 for c in self.pool.children.values() if c.pid is not None))
+        return metrics.render()
+
+    def ready(self) -> list[str]:
+        """Reasons the daemon is not ready (empty = ready)."""
+        reasons = ["draining"] if self.running.draining else []
+        if self.store.failure is not None:
+            reasons.append(f"store unavailable: {self.store.failure}")
+        if self.pool.start_failure is not None:
+            reasons.append(f"no child can start: {self.pool.start_failure}")
+        down = sorted({r.assistant for r in self.sessions.values() if r.intel_waiting})
+        reasons += [f"all endpoints down for assistant {name!r}" for name in down]
+        return reasons
+
+    def _refuse_when_draining(self) -> None:
+        if self.running.draining:
+            raise Draining("agentd is shutting down and accepts no new work")
+
+    # ------------------------------------------------------------------ sessions
+
+    async def create_session(self, assistant_name: str | None) -> SessionView:
+        """Open a session on an assistant (the default: the first one); its opener is in the transcript."""
+        self._refuse_when_draining()
+        config = self.running.config
+        name = assistant_name or config.default_assistant.name
+        try:
+            assistant = config.assistant(name)
+        except KeyError:
+            names = ", ".join(a.name for a in config.assistants)
+            raise BadInput(f"no assistant named {name!r}; assistants: {names}", code="unknown_assistant") from None
+        model = effective_intelligence(config, name).model
+        session_id = new_id("s")
+        history = session_start_history(assistant)
+        plan = opener_plan(assistant, history)
+        if plan.kind is OpenerKind.FIRST_MESSAGE:
+            history.append(opener_message(plan, turn=None, model=model))
+        try:
+            await self.store.create_session(
+                session_id,
+                assistant=name,
+                generation=self.running.generation,
+                model=model,
+                created_at=time.time(),
+                transcript=history,
+            )
+        except StoreUnavailable as exc:
+            if not await self._created_after_all(session_id, exc):
+                raise store_failure(exc) from None
+        except StoreError as exc:
+            raise store_failure(exc) from None
+        log.info(events.LOG_SESSION_CREATED, session=session_id, assistant=name, model=model)
+        if plan.kind is OpenerKind.GENERATED:
+            runtime = self.sessions.add(SessionRuntime(session_id, name, "idle", self.running.generation, model))
+            turn = await self.turns.accept(runtime, None)
+            if turn.elsewhere:
+                await self.turns.wait_elsewhere(session_id, turn.id)
+            else:
+                await turn.done.wait()
+        return await self.get_session(session_id)
+
+    async def _created_after_all(self, session_id: str, failure: StoreUnavailable) -> bool:
+        """Whether the failed create landed after all (``Membership.created_after_all``); the client
+        is answered naming the session when the store cannot say."""
+        try:
+            return await self.membership.created_after_all(session_id, failure)
+        except StoreError:
+            raise StoreDown(
+                f"the store failed while creating the session, and may have created it as {session_id}: {failure}"
+            ) from None
+
+    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]:
+        """One page of sessions in creation order (newest last), as the supervisor sees them now."""
+        try:
+            page = await self.store.list_sessions(limit=limit, after=after)
+        except UnknownSession as exc:
+            raise BadInput(str(exc), code="bad_cursor") from None
+        except StoreError as exc:
+            raise store_failure(exc) from None
+        summaries = []
+        for stored in page:
+            assistant, state, generation, model = self._effective(stored)
+            summaries.append(
+                SessionSummary(
+                    id=stored.id,
+                    assistant=assistant,
+                    state=state,
+                    generation=generation,
+                    model=model,
+                    turns=stored.turn_count,
+                )
+            )
+        return summaries
+
+    async def get_session(self, session_id: str) -> SessionView:
+        """The session with its whole transcript and every turn."""
+        stored = await self._store(self.store.load_session(session_id))
+        if stored is None:
+            raise NotFound(f"no session {session_id!r}")
+        assistant, state, generation, model = self._effective(stored)
+        runtime = self.sessions.get(session_id)
+        child = runtime.child if runtime is not None else None
+        return SessionView(
+            id=stored.id,
+            assistant=assistant,
+            state=state,
+            generation=generation,
+            model=model,
+            transcript=[entry_from_message(e.seq, e.message) for e in stored.transcript],
+            turns=[turn_view(t) for t in stored.turns],
+            child=child.pid if child is not None else None,
+        )
+
+    def _effective(self, stored: StoredSession) -> tuple[str, SessionState, int, str]:
+        """(assistant, state, generation, model) as of now: the hot runtime's, else the row's.
+
+        A session that is not hot is not loaded anywhere, so it has taken every swap since its row
+        was written (it was idle): it runs the current generation's model for its assistant.
+        """
+        runtime = self.sessions.get(stored.id)
+        if runtime is not None and stored.state != "closed":  # closed is final, wherever it was closed
+            return runtime.assistant, runtime.state, runtime.generation, runtime.model
+        if stored.state == "closed":
+            return stored.assistant, stored.state, stored.generation, stored.model
+        model = self.running.model_of(stored.assistant, stored.model)
+        return stored.assistant, stored.state, self.running.generation, model
+
+    async def _open_runtime(self, session_id: str) -> SessionRuntime:
+        """The hot runtime of an open session, made hot from its row if it was not. NotFound if none."""
+        runtime = self.sessions.get(session_id)
+        if runtime is None:
+            stored = await self._store(self.store.session_summary(session_id))
+            if stored is not None and stored.state != "closed":
+                runtime = self.sessions.hot(stored)
+        if runtime is None or runtime.closing:
+            raise NotFound(f"no open session {session_id!r}")
+        return runtime
+
+    # ------------------------------------------------------------------ turns
+
+    async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted:
+        """Store the user message, deliver it, and (``wait``) return the finished turn."""
+        self._refuse_when_draining()
+        if not body.content.strip() and not body.images:
+            raise BadInput("content must not be empty", code="empty_message")
+        runtime = await self._open_runtime(session_id)
+        if runtime.pending is not None:
+            raise Conflict(f"session {session_id} is already running turn {runtime.pending.id}", code="turn_running")
+        if runtime.state == "failed":
+            runtime.resume_failed()  # a new message resumes a failed session
+            await self._store(self.store.update_session(runtime.id, state="idle"))
+        turn_id = new_id("t")
+        message = UserMessage(content=body.content, images=tuple(body.images) if body.images else None, turn=turn_id)
+        # A waiting client hears nothing before the turn's commit, which syncs its message too.
+        turn = await self.turns.accept(runtime, message, durable=not body.wait)
+        if not body.wait:
+            return Accepted(turn_id=turn_id)
+        if turn.elsewhere:
+            return await self.turns.wait_elsewhere(runtime.id, turn.id)
+        await turn.done.wait()
+        return self.turns.result(turn)
+
+    async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[EventItem]:
+        """A stream of the session's events (it stays hot while subscribed)."""
+        runtime = await self._open_runtime(session_id)
+        was_watched = runtime.watched
+        stream = runtime.subscribe()
+        turn = runtime.pending
+        if not was_watched:
+            await self.membership.watching(runtime.id)
+        if (
+            not was_watched
+            and turn is not None
+            and turn.child is not None
+            and not self.membership.watched_elsewhere(runtime.id)
+        ):
+            await turn.child.send(Watch(session=runtime.id))  # the turn in flight streams from now on
+        return stream
+
+    def unsubscribed(self, session_id: str) -> None:
+        """A subscriber went away: a session nobody needs any more is forgotten (it stays in the store)."""
+        runtime = self.sessions.get(session_id)
+        if runtime is None:
+            return
+        if not runtime.watched:
+            self.membership.unwatched(runtime.id)
+        self.sessions.evict_if_cold(runtime)
+
+    async def cancel(self, session_id: str) -> str:
+        """Ask the child running the session's turn to cancel it; the turn then ends ``cancelled``."""
+        runtime = await self._open_runtime(session_id)
+        if runtime.pending is None:  # it may run on another replica: ask it to cancel
+            elsewhere = await self.membership.cancel_elsewhere(session_id)
+            if elsewhere is not None:
+                return elsewhere
+            raise Conflict(f"session {session_id} has no turn running", code="no_turn")
+        return await self.turns.cancel_here(runtime)
+
+    async def close_session(self, session_id: str) -> SessionSummary:
+        """Close the session: unload it, end its turn ``cancelled``; the transcript is kept."""
+        runtime = await self._open_runtime(session_id)
+        runtime.closing_begins()
+        await self.pool.unload(session_id)  # its child gets Close (which cancels a turn in flight there)
+        if runtime.pending is not None:
+            await self.runner.end_without_result(
+                runtime, runtime.pending, TurnStatus.CANCELLED, "the session was closed"
+            )
+        else:  # a turn another replica runs is cancelled there (the session stays closed)
+            try:
+                await self.membership.cancel_elsewhere(session_id)
+            except ServiceError:
+                runtime.close_undone(turn_ended=False)
+                raise
+        runtime.unloaded()
+        try:
+            await self.store.update_session(session_id, state="closed")
+        except StoreError as exc:  # not closed: the session stays open and usable (its turn was cancelled)
+            runtime.close_undone(turn_ended=True)
+            error = store_failure(exc)
+            raise type(error)(f"session {session_id} was not closed (the store failed): {exc}") from None
+        runtime.closed()
+        self.sessions.discard(session_id)
+        await self.membership.closed(session_id)  # other replicas drop what they hold of it
+        runtime.log.info(events.LOG_SESSION_CLOSED)
+        return SessionSummary(
+            id=session_id,
+            assistant=runtime.assistant,
+            state="closed",
+            generation=runtime.generation,
+            model=runtime.model,
+        )
+
+    async def _store(self, call: Awaitable[T]) -> T:
+        """A store call a request needs; a store that fails refuses the request, naming what failed."""
+        try:
+            return await call
+        except StoreError as exc:
+            raise store_failure(exc) from None

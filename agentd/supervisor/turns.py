@@ -1,0 +1,257 @@
+"""Turns from acceptance to the runner, and what is done to a hot session outside a child.
+
+A turn is accepted here (``accept``: reserved on its session, its input stored, the session's
+lease claimed when replicas share the store) and handed to the turn runner
+(``agentd.supervisor.runner``), which drives it to its commit. Turns a restart interrupted, or
+that the failover scan adopted, are registered here again (``resume``). Cancelling a turn,
+closing a session another replica closed, unloading a copy that may be stale: here too. What a
+waiting client is answered with once the turn ended (or did not) is ``result``/``wait_elsewhere``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import anyio
+import anyio.abc
+
+from agentd import events
+from agentd.budget import TurnStatus
+from agentd.errors import NotEnded, StoreDown, StoreFull, TurnRefused, store_failure
+from agentd.messages import UserMessage
+from agentd.obs import get_logger
+from agentd.protocol import Cancel
+from agentd.records import StartedTurn, TurnRecord
+from agentd.store import Store, StoredSession, StoreError, StoreUnavailable
+from agentd.supervisor.membership import Membership
+from agentd.supervisor.pool import Pool
+from agentd.supervisor.runner import TurnRunner
+from agentd.supervisor.running import Running
+from agentd.supervisor.session import PendingTurn, SessionRuntime, SessionTable, added_entries
+from agentd.views import Entry, MessageResult, turn_view
+
+__all__ = ["ELSEWHERE_POLL", "RESUME_CONCURRENCY", "Turns", "new_id"]
+
+log = get_logger("supervisor")
+
+#: Interrupted turns re-run after a restart at most this many at a time (new work is served meanwhile).
+RESUME_CONCURRENCY = 16
+#: How often a ``wait`` for a turn that another replica runs looks at the store (seconds).
+ELSEWHERE_POLL = 0.1
+
+
+def new_id(prefix: str) -> str:
+    """A new session (``s_…``) or turn (``t_…``) id."""
+    return f"{prefix}_{secrets.token_hex(6)}"
+
+
+class Turns:
+    """Accepts turns, resumes interrupted ones, and cancels, closes and unloads hot sessions."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        running: Running,
+        sessions: SessionTable,
+        runner: TurnRunner,
+        pool: Pool,
+        membership: Membership,
+    ) -> None:
+        self.store = store
+        self.running = running
+        self.sessions = sessions
+        self.runner = runner
+        self.pool = pool
+        self.membership = membership
+        self.lease_time = running.config.store.lease  # restart-only, like the store itself
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    def attach(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start serving: background work runs in ``tg``."""
+        self._tg = tg
+
+    # ------------------------------------------------------------------ acceptance
+
+    async def accept(
+        self, runtime: SessionRuntime, message: UserMessage | None, *, durable: bool = True
+    ) -> PendingTurn:
+        """Reserve the session for a new turn, store its input, and hand it to the runner (or leave
+        it to the replica that holds the session). Conflict while a turn runs; a store failure
+        raises as the operation answers it."""
+        turn = PendingTurn(
+            id=message.turn if message and message.turn else new_id("t"),
+            message=message,
+            started_at=time.time(),
+            fresh=True,
+        )
+        runtime.reserve(turn)  # synchronously: a concurrent request gets 409
+        # Stored before delivered: the runner only sees the turn once begin_turn has committed its input.
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.store.begin_turn(runtime.id, turn.id, message, turn.started_at, durable=durable)
+            except StoreUnavailable as exc:
+                if not await self._begun_after_all(runtime, turn, exc):
+                    runtime.unreserve(turn)
+                    raise store_failure(exc) from None
+            except StoreError as exc:
+                runtime.unreserve(turn)
+                raise TurnRefused(str(exc)) from None
+            if not await self.membership.claim(runtime, turn.id):
+                # Another replica holds the session (its previous turn is ending, or its failover
+                # scan took this one — and may have ended it already): the turn is stored, and the
+                # holder or the scan runs it, once.
+                runtime.unreserve(turn)
+                turn.elsewhere = True
+                runtime.log.info(events.LOG_SESSION_ELSEWHERE, turn=turn.id)
+                self.sessions.evict_if_cold(runtime)
+                return turn
+        self.runner.start(runtime, turn)
+        return turn
+
+    async def _begun_after_all(self, runtime: SessionRuntime, turn: PendingTurn, failure: StoreUnavailable) -> bool:
+        """Whether the failed ``begin_turn`` stored the turn after all (``Membership.begun_after_all``);
+        when the store cannot say, the client is answered naming the turn, which may have been
+        stored (and then runs, once)."""
+        try:
+            return await self.membership.begun_after_all(runtime, turn, failure)
+        except StoreError:
+            runtime.unreserve(turn)
+            raise StoreDown(
+                f"the store failed while storing the message, and may have stored it as turn {turn.id}"
+                f" (then it runs, once; GET the session to see): {failure}",
+                turn=turn.id,
+            ) from None
+
+    async def resume(self, runtime: SessionRuntime, stored: StoredSession, started: StartedTurn) -> PendingTurn | None:
+        """Register an interrupted turn on its runtime; the turn to drive, or None if it ended now."""
+        # A restart (or failover) is not the turn's fault: its deadline starts again now.
+        turn = PendingTurn(
+            id=started.id, message=started.message, started_at=started.started_at, budget_start=time.time()
+        )
+        runtime.restore(turn)
+        if stored.state == "failed":  # it failed before the restart: its turn ends as it would have
+            await self.runner.end_without_result(runtime, turn, TurnStatus.FAILED, "the session had failed")
+            return None
+        if started.cancel_requested:  # asked on a replica that did not run it (RFC 0009 §7)
+            await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled before it resumed")
+            return None
+        runtime.run_restored()
+        return turn
+
+    async def resume_interrupted(self) -> None:
+        """Re-run the turns a restart interrupted (their input stored, their results not), at most
+        ``RESUME_CONCURRENCY`` at a time, while new work is served."""
+        try:
+            interrupted = await self.store.interrupted_turns()
+        except StoreError as exc:
+            log.error(events.LOG_SUPERVISOR_RESUME_FAILED, error=str(exc))
+            return
+        log.info(events.LOG_SUPERVISOR_RESTORED, pending=len(interrupted))
+        limiter = anyio.CapacityLimiter(RESUME_CONCURRENCY)
+        # Every interrupted turn is registered at once — so a cancel, a close or a new message sees
+        # it while it waits for its turn to resume — and driven at most RESUME_CONCURRENCY at a time.
+        queued: list[tuple[SessionRuntime, PendingTurn]] = []
+        for stored, started in interrupted:
+            runtime = self.sessions.hot(stored)
+            if runtime.pending is not None:
+                continue
+            turn = await self.resume(runtime, stored, started)
+            if turn is not None:
+                queued.append((runtime, turn))
+
+        async def resume(runtime: SessionRuntime, turn: PendingTurn) -> None:
+            async with limiter:
+                if not turn.done.is_set() and not runtime.closing:
+                    await self.runner.drive(runtime, turn)
+
+        async with anyio.create_task_group() as tg:
+            for runtime, turn in queued:
+                tg.start_soon(resume, runtime, turn)
+
+    def drive(self, runtime: SessionRuntime, turn: PendingTurn) -> None:
+        """Run ``turn`` (registered on ``runtime``) in the background."""
+        self.runner.start(runtime, turn)
+
+    async def lease_lost(self, runtime: SessionRuntime, reason: str) -> None:
+        await self.runner.lease_lost(runtime, reason)
+
+    # ------------------------------------------------------------------ answers
+
+    def result(self, turn: PendingTurn) -> MessageResult:
+        """What a waiting client is answered once ``turn`` has its answer."""
+        if turn.record is None:  # stopped without ending: the daemon is shutting down
+            error = StoreFull if turn.cut_code == "store_full" else NotEnded
+            raise error(f"turn {turn.id}: {turn.cut or 'not finished'}", code=turn.cut_code, turn=turn.id)
+        # The record as stored, so this answer and GET /v1/sessions show the same turn (same started_at).
+        return MessageResult(turn=turn_view(turn.record), messages=turn.entries)
+
+    async def wait_elsewhere(self, session_id: str, turn_id: str) -> MessageResult:
+        """``wait`` for a turn another replica runs: poll the store until the turn has ended there."""
+        bound = self.running.config.limits.deadline + 3 * self.lease_time + 10.0
+        try:
+            with anyio.move_on_after(bound):
+                while True:
+                    pending = await self.store.pending_turn(session_id)
+                    if pending is None or pending.id != turn_id:
+                        break
+                    await anyio.sleep(ELSEWHERE_POLL)
+            found = await self.ended_turn(session_id, turn_id)
+        except StoreError as exc:
+            raise store_failure(exc) from None
+        if found is None:
+            raise NotEnded(
+                f"turn {turn_id} runs on another replica and has not ended yet", code="turn_elsewhere", turn=turn_id
+            )
+        record, entries = found
+        return MessageResult(turn=turn_view(record), messages=entries)
+
+    async def ended_turn(self, session_id: str, turn_id: str) -> tuple[TurnRecord, list[Entry]] | None:
+        """A turn that ended, as committed (its record and the entries it added), or None if it has not."""
+        found = await self.store.ended_turn(session_id, turn_id)
+        if found is None:
+            return None
+        record, stored = found
+        return record, added_entries(stored)
+
+    # ------------------------------------------------------------------ cancels, closes, unloads
+
+    async def cancel_here(self, runtime: SessionRuntime) -> str:
+        """Cancel the turn this replica runs for ``runtime``."""
+        turn = runtime.pending
+        assert turn is not None
+        turn.cancel_requested = True
+        if turn.child is not None:
+            await turn.child.send(Cancel(session=runtime.id, turn=turn.id))
+        else:  # not on a child yet (waiting for one, or being loaded): it ends now and never starts
+            await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled before it started")
+        return turn.id
+
+    async def close_here(self, session_id: str) -> None:
+        """Another replica closed the session: end its turn here (cancelled), unload it, end its streams."""
+        runtime = self.sessions.get(session_id)
+        if runtime is None or runtime.closing:
+            return
+        runtime.closing_begins()
+        turn = runtime.pending
+        if turn is not None:
+            await self.cancel_here(runtime)
+            assert self._tg is not None
+            self._tg.start_soon(self._forget_closed, runtime, turn)
+        else:
+            await self._forget_closed(runtime, None)
+
+    async def _forget_closed(self, runtime: SessionRuntime, turn: PendingTurn | None) -> None:
+        if turn is not None:
+            await turn.done.wait()
+        await self.pool.unload(runtime.id)
+        runtime.unloaded()
+        runtime.closed()
+        self.sessions.forget(runtime)
+        runtime.log.info(events.LOG_SESSION_CLOSED, elsewhere=True)
+
+    async def unload(self, runtime: SessionRuntime) -> None:
+        """Unload the session from its child: the next turn loads what the store has."""
+        runtime.unloaded()
+        await self.pool.unload(runtime.id)
