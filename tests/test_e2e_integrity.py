@@ -34,6 +34,7 @@ from tests.daemon_harness import (
     free_port,
     passing_test_env,
     running_daemon,
+    two_assistant_config,
     wait_until,
 )
 from tests.fakes import FakeOllama, RecordedRequest, Reply, drop_mid_stream, status, truncated
@@ -388,7 +389,9 @@ def test_probes_answer_on_tcp_without_the_token_and_readiness_keeps_its_reasons_
     the token; every other route still needs it, and readiness tells only an authorised caller why."""
     port = free_port()
     token = "probe-t0ken"
-    with running_daemon(tmp_path, BASE, args=["--listen", f"127.0.0.1:{port}"], env={"AGENTD_API_TOKEN": token}) as d:
+    hold = tmp_path / "hold"
+    config = two_assistant_config(hold)
+    with running_daemon(tmp_path, config, args=["--listen", f"127.0.0.1:{port}"], env={"AGENTD_API_TOKEN": token}) as d:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as tcp:
 
             def answered() -> httpx.Response | None:
@@ -401,8 +404,14 @@ def test_probes_answer_on_tcp_without_the_token_and_readiness_keeps_its_reasons_
             assert tcp.get("/v1/ready").json() == {"ready": True}
             assert tcp.get("/v1/status").status_code == 401
             assert tcp.post("/v1/ready").status_code == 401  # only GET is a probe
+            # A turn held mid model call keeps the drain (and the listener) going while it is probed.
+            d.send(d.new_session("held"), "hold this", wait=False)
+            d.wait_log("session.loaded")
             d.signal(signal.SIGTERM)  # draining: not ready
-            anonymous = wait_until(lambda: (r := tcp.get("/v1/ready")).status_code == 503 and r, "draining")
-            assert anonymous.json() == {"ready": False}
-            authorised = tcp.get("/v1/ready", headers={"Authorization": f"Bearer {token}"})
-            assert authorised.status_code == 503 and "draining" in authorised.json()["reasons"]
+            try:
+                anonymous = wait_until(lambda: (r := tcp.get("/v1/ready")).status_code == 503 and r, "draining")
+                assert anonymous.json() == {"ready": False}
+                authorised = tcp.get("/v1/ready", headers={"Authorization": f"Bearer {token}"})
+                assert authorised.status_code == 503 and "draining" in authorised.json()["reasons"]
+            finally:
+                hold.touch()
