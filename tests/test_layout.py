@@ -1,5 +1,6 @@
 """The package's layout keeps the rules of RFC 0000 §8 and the README's "Layout": no import cycles
-anywhere in ``agentd/``, and every log event named by a constant of ``agentd/events.py``.
+anywhere in ``agentd/``, every log event named by a constant of ``agentd/events.py``, and no
+module over 700 lines.
 
 Read from the source with ``ast`` (nothing is imported), so a function-level import counts as an
 edge like any other: a cycle that only a lazy import hides is still a cycle in the design.
@@ -106,3 +107,14 @@ def literal_log_events(path: Path) -> Iterator[str]:
 
 def test_every_log_event_is_named_by_a_constant_of_the_events_module() -> None:
     assert [where for path in sorted(PACKAGE.rglob("*.py")) for where in literal_log_events(path)] == []
+
+
+#: The most lines a module of the package may have (the README's "Layout": split by responsibility).
+MAX_MODULE_LINES = 700
+
+
+def test_no_module_is_over_the_bound() -> None:
+    sizes = {
+        str(path.relative_to(PACKAGE.parent)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")
+    }
+    assert {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
