@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.daemon_harness import running_daemon, wait_until
@@ -70,3 +71,60 @@ def test_a_secret_percent_encoded_or_json_escaped_in_a_tool_result_is_scrubbed(t
         content = str(result["content"])
         assert "[redacted]" in content
         assert "sk-r2" not in content, content
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review2: the supervisor's /proc/PID/environ is readable by its children (same user); the "
+    "child cannot scrub a token it does not know, and the supervisor does not scrub what children send",
+)
+def test_a_tool_cannot_read_the_api_token_from_the_supervisors_proc_environ(tmp_path: Path) -> None:
+    """The token is withheld from children's environment, but the supervisor runs as the same user:
+    a tool reads ``/proc/<supervisor>/environ`` and the token is in its result, unscrubbed (the
+    child does not know the value, so it cannot scrub it) — in the store and the API."""
+    token = "r2-api-token-7731-secret"
+    env = {"REVIEW2_KEY": KEY, "AGENTD_API_TOKEN": token}
+    with running_daemon(tmp_path, KEY_CONFIG.format(), env=env) as daemon:
+        session = daemon.new_session()
+        turn = daemon.send(session, "call tool ancestor_environ")["turn"]
+        [result] = [e for e in daemon.entries(session, turn["id"]) if e["role"] == "tool"]
+        assert token not in str(result["content"]), result["content"]
+
+
+def test_a_client_that_never_reads_its_answers_is_closed_and_cannot_pin_a_slot(tmp_path: Path) -> None:
+    """Pipelined ``GET /v1/health`` (no token needed), never read: once the socket buffers fill,
+    uvicorn's send waits for a drain that never comes, so the app never returns and the header
+    timer is never armed again. With ``max_connections`` such clients the TCP API is gone."""
+    import contextlib
+    import socket
+    import threading
+
+    from tests.test_e2e_listener import health_request, listening, started
+
+    daemon, port = listening(tmp_path, 'max_connections = 2\nheader_timeout = "0.5s"')
+    with started(daemon):
+        hogs = []
+        for _ in range(2):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.settimeout(0.5)
+            hogs.append(sock)
+
+        def flood(sock: socket.socket) -> None:  # until the daemon stops reading, or cuts it off
+            burst = health_request(close=False) * 2000
+            with contextlib.suppress(OSError):
+                for _ in range(200):  # ~15 MB of requests at most; stops once the daemon stops reading
+                    sock.sendall(burst)
+
+        threads = [threading.Thread(target=flood, args=(s,), daemon=True) for s in hogs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        # The daemon must not keep a connection whose client reads nothing for ever: a new client
+        # gets its answer.
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20) as tcp:
+            assert tcp.get("/v1/health").status_code == 200
+        for sock in hogs:
+            sock.close()
