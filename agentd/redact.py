@@ -102,11 +102,18 @@ class Secrets:
 SECRETS = Secrets()
 
 
+#: Fields the logging pipeline itself adds to every line (``add_log_level``, ``TimeStamper``): never
+#: a secret's, and a secret that happens to equal one ("warning", an MCP ``env`` setting) must not
+#: turn every line's level into ``[redacted]``.
+_OWN_FIELDS = frozenset({"level", "timestamp"})
+
+
 def scrub_log_secrets(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """structlog processor: no log line carries a value of ``SECRETS``, whatever field it is in."""
     if len(SECRETS):
         for key, value in list(event_dict.items()):
-            event_dict[key] = SECRETS.scrub_value(value)
+            if key not in _OWN_FIELDS:
+                event_dict[key] = SECRETS.scrub_value(value)
     return event_dict
 
 
