@@ -63,9 +63,13 @@ class Secrets:
         self.add(values)
 
     def add(self, values: Iterable[str]) -> None:
-        """Scrub ``values`` from now on, verbatim and encoded (``_forms``); those shorter than
-        ``MIN_SECRET_LENGTH`` are ignored."""
-        new = {value for value in values if len(value) >= MIN_SECRET_LENGTH}
+        """Scrub ``values`` from now on, verbatim and encoded (``_forms``), a multi-line value's
+        lines each too; those shorter than ``MIN_SECRET_LENGTH`` are ignored."""
+        held = list(values)
+        # A multi-line value (a PEM key, a JSON credential) is also scrubbed a line at a time: what
+        # is read and logged line by line (a child's stderr) never holds it whole.
+        pieces = [line.strip() for value in held if "\n" in value for line in value.splitlines()]
+        new = {value for value in (*held, *pieces) if len(value) >= MIN_SECRET_LENGTH}
         with self._lock:
             if new <= self._values:
                 return

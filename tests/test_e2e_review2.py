@@ -158,3 +158,22 @@ def test_an_mcp_env_setting_that_is_no_secret_does_not_garble_tool_results(tmp_p
         session = daemon.new_session()
         result = ask(daemon, session, 'call tool faults__echo {"text": "warning: disk almost full"}')
         assert result["content"] == "faults:warning: disk almost full"
+
+
+PEM = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nBKcwggSjAgEAAoIBAQC7r2pemkey9xQ\n-----END PRIVATE KEY-----"
+
+
+def test_a_multi_line_secret_printed_to_stderr_is_scrubbed_line_by_line(tmp_path: Path) -> None:
+    """A PEM key (or a JSON service-account credential) in ``env_from`` is a multi-line value. A
+    server that prints it to stderr has it re-logged a line at a time: no line is the whole value,
+    so none was scrubbed and the key reached the log in pieces."""
+    command = stdio_fault_command("--leak-env", "LEAKY_TOKEN")
+    servers = stdio_server("leaky", command, 'env_from = ["LEAKY_TOKEN"]')
+    with running_daemon(tmp_path, config(servers, ["leaky:echo"]), env={"LEAKY_TOKEN": PEM}) as daemon:
+        session = daemon.new_session()
+        assert ask(daemon, session, 'call tool leaky__echo {"text": "hi"}')["content"] == "faults:hi"
+        daemon.wait_log("child.stderr", lambda r: "LEAKY_TOKEN=" in str(r.get("line")))
+        daemon.stop()
+        text = daemon.log_text()
+        assert "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" not in text
+        assert "BKcwggSjAgEAAoIBAQC7r2pemkey9xQ" not in text

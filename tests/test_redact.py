@@ -112,3 +112,14 @@ def test_a_secret_is_scrubbed_percent_encoded_and_json_escaped_too() -> None:
             secrets.scrub(f"url ?key={text}&x")
             == "url ?key=" + ("[redacted]" if text[0] != '"' else '"[redacted]"') + "&x"
         )
+
+
+def test_each_line_of_a_multi_line_secret_is_scrubbed_alone_too() -> None:
+    """A PEM key read line by line (a child's stderr) never appears whole (review2)."""
+    from agentd.redact import REDACTED, Secrets
+
+    pem = "-----BEGIN KEY-----\nMIIEvQIBADANBgkq\r\nBKcwggSjAgEA\n-----END KEY-----\n"
+    secrets = Secrets([pem])
+    assert secrets.scrub("got MIIEvQIBADANBgkq") == f"got {REDACTED}"
+    assert secrets.scrub("BKcwggSjAgEA") == REDACTED
+    assert secrets.scrub(pem) == REDACTED
