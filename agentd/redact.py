@@ -59,6 +59,9 @@ class Secrets:
         self._lock = threading.Lock()
         self._values: frozenset[str] = frozenset()
         self._forms: frozenset[str] = frozenset()
+        #: The length of the longest text ``scrub`` replaces: a text cut into pieces must keep this
+        #: many characters past a cut until it is scrubbed, or a secret across it goes unseen.
+        self.longest = 0
         self._pattern: re.Pattern[str] | None = None
         self.add(values)
 
@@ -77,6 +80,7 @@ class Secrets:
             self._forms = self._forms | {form for value in new for form in _forms(value)}
             # Longest first: a secret that contains another is replaced whole, not in pieces.
             ordered = sorted(self._forms, key=lambda v: (-len(v), v))
+            self.longest = len(ordered[0])
             self._pattern = re.compile("|".join(re.escape(value) for value in ordered))
 
     def __len__(self) -> int:

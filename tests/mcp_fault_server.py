@@ -117,10 +117,13 @@ def main() -> None:
     parser.add_argument("--noise", type=int, default=0)
     parser.add_argument("--leak-env", default=None)
     parser.add_argument("--stderr-events", type=int, default=0)
+    parser.add_argument("--leak-pad", type=int, default=0)
     args = parser.parse_args()
     if args.stdio:
         if args.leak_env:
-            print(f"{args.leak_env}={os.environ.get(args.leak_env, '')}", file=sys.stderr, flush=True)
+            pad = "x" * args.leak_pad  # --leak-pad N: N characters of padding before the value and after
+            tail = f" {pad}" if pad else ""
+            print(f"{pad}{args.leak_env}={os.environ.get(args.leak_env, '')}{tail}", file=sys.stderr, flush=True)
         for i in range(args.stderr_events):  # a structlog-style JSON log line, as many Python servers write
             print(json.dumps({"event": "forged.by.mcp", "level": "error", "n": i}), file=sys.stderr, flush=False)
         sys.stderr.flush()

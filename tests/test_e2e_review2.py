@@ -177,3 +177,20 @@ def test_a_multi_line_secret_printed_to_stderr_is_scrubbed_line_by_line(tmp_path
         text = daemon.log_text()
         assert "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" not in text
         assert "BKcwggSjAgEAAoIBAQC7r2pemkey9xQ" not in text
+
+
+def test_a_secret_astride_the_cut_of_an_overlong_stderr_line_is_scrubbed(tmp_path: Path) -> None:
+    """A stderr line over ``MAX_STDERR_LINE`` is passed on in pieces, cut before it is scrubbed: a
+    secret across the cut is in neither piece whole, and the next piece (logged from its start)
+    carried the secret's tail — all but its first characters."""
+    from agentd.supervisor.launcher import MAX_STDERR_LINE
+
+    secret = "astride-s3cret-0042-tail-that-leaks"
+    pad = MAX_STDERR_LINE - len("LEAKY_TOKEN=") - 4  # the cut falls 4 characters into the secret
+    command = stdio_fault_command("--leak-env", "LEAKY_TOKEN", "--leak-pad", str(pad))
+    servers = stdio_server("leaky", command, 'env_from = ["LEAKY_TOKEN"]')
+    with running_daemon(tmp_path, config(servers, ["leaky:echo"]), env={"LEAKY_TOKEN": secret}) as daemon:
+        session = daemon.new_session()
+        assert ask(daemon, session, 'call tool leaky__echo {"text": "hi"}')["content"] == "faults:hi"
+        daemon.stop()
+        assert "s3cret-0042" not in daemon.log_text()
