@@ -11,11 +11,12 @@ result is journaled, stored or returned (``agentd.child.journal``).
 
 from __future__ import annotations
 
+import json
 import re
 import threading
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, quote_plus, urlsplit, urlunsplit
 
 __all__ = [
     "MIN_SECRET_LENGTH",
@@ -34,6 +35,18 @@ REDACTED = "[redacted]"
 MIN_SECRET_LENGTH = 6
 
 
+def _forms(value: str) -> Iterator[str]:
+    """``value`` as text may carry it: verbatim, percent-encoded (a URL an HTTP client's error
+    names, a query string) and JSON-escaped (a server's JSON body echoing it)."""
+    yield value
+    yield json.dumps(value)[1:-1]
+    yield json.dumps(value, ensure_ascii=False)[1:-1]
+    # errors: a value read from the environment may hold undecodable bytes (surrogate escapes)
+    yield quote(value, safe="", errors="surrogateescape")
+    yield quote(value, errors="surrogateescape")
+    yield quote_plus(value, safe="", errors="surrogateescape")
+
+
 class Secrets:
     """A set of secret values, and ``scrub`` that replaces each wherever it appears.
 
@@ -45,21 +58,33 @@ class Secrets:
     def __init__(self, values: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
         self._values: frozenset[str] = frozenset()
+        self._forms: frozenset[str] = frozenset()
+        #: The length of the longest text ``scrub`` replaces: a text cut into pieces must keep this
+        #: many characters past a cut until it is scrubbed, or a secret across it goes unseen.
+        self.longest = 0
         self._pattern: re.Pattern[str] | None = None
         self.add(values)
 
     def add(self, values: Iterable[str]) -> None:
-        """Scrub ``values`` from now on (those shorter than ``MIN_SECRET_LENGTH`` are ignored)."""
-        new = {value for value in values if len(value) >= MIN_SECRET_LENGTH}
+        """Scrub ``values`` from now on, verbatim and encoded (``_forms``), a multi-line value's
+        lines each too; those shorter than ``MIN_SECRET_LENGTH`` are ignored."""
+        held = list(values)
+        # A multi-line value (a PEM key, a JSON credential) is also scrubbed a line at a time: what
+        # is read and logged line by line (a child's stderr) never holds it whole.
+        pieces = [line.strip() for value in held if "\n" in value for line in value.splitlines()]
+        new = {value for value in (*held, *pieces) if len(value) >= MIN_SECRET_LENGTH}
         with self._lock:
             if new <= self._values:
                 return
             self._values = self._values | new
+            self._forms = self._forms | {form for value in new for form in _forms(value)}
             # Longest first: a secret that contains another is replaced whole, not in pieces.
-            ordered = sorted(self._values, key=lambda v: (-len(v), v))
+            ordered = sorted(self._forms, key=lambda v: (-len(v), v))
+            self.longest = len(ordered[0])
             self._pattern = re.compile("|".join(re.escape(value) for value in ordered))
 
     def __len__(self) -> int:
+        """The secret values held (each is scrubbed in all its ``_forms``)."""
         return len(self._values)
 
     def scrub(self, text: str) -> str:
@@ -85,11 +110,18 @@ class Secrets:
 SECRETS = Secrets()
 
 
+#: Fields the logging pipeline itself adds to every line (``add_log_level``, ``TimeStamper``): never
+#: a secret's, and a secret that happens to equal one ("warning", an MCP ``env`` setting) must not
+#: turn every line's level into ``[redacted]``.
+_OWN_FIELDS = frozenset({"level", "timestamp"})
+
+
 def scrub_log_secrets(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """structlog processor: no log line carries a value of ``SECRETS``, whatever field it is in."""
     if len(SECRETS):
         for key, value in list(event_dict.items()):
-            event_dict[key] = SECRETS.scrub_value(value)
+            if key not in _OWN_FIELDS:
+                event_dict[key] = SECRETS.scrub_value(value)
     return event_dict
 
 

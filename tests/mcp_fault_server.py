@@ -3,7 +3,7 @@
 ``python tests/mcp_fault_server.py --port P --tag T [--log F] [--require-auth VALUE]`` serves on
 127.0.0.1:P until killed (``--stdio`` instead: over stdin/stdout, for the bench and the stdio tests;
 ``--noise N`` then first writes N lines that are not JSON to stdout, ``--leak-env NAME`` the value
-of the variable NAME to stderr). Tools: ``echo`` (read-only; answers ``T:text``), ``slow`` (read-only;
+of the variable NAME to stderr, ``--stderr-events N`` N structlog-style JSON lines to stderr). Tools: ``echo`` (read-only; answers ``T:text``), ``slow`` (read-only;
 sleeps), ``hold`` (side-effecting; sleeps), ``fail`` (an ``isError`` result), ``die`` (the process exits mid-call) and ``append``
 (side-effecting; appends a line to the log). With ``--require-auth``, a request whose
 ``Authorization`` header is not exactly VALUE is refused with 401 (``--echo-auth``: a JSON-RPC error
@@ -14,6 +14,7 @@ cancellation is written to the log file, so a test can see what the server saw.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -115,10 +116,17 @@ def main() -> None:
     parser.add_argument("--echo-auth", action="store_true")
     parser.add_argument("--noise", type=int, default=0)
     parser.add_argument("--leak-env", default=None)
+    parser.add_argument("--stderr-events", type=int, default=0)
+    parser.add_argument("--leak-pad", type=int, default=0)
     args = parser.parse_args()
     if args.stdio:
         if args.leak_env:
-            print(f"{args.leak_env}={os.environ.get(args.leak_env, '')}", file=sys.stderr, flush=True)
+            pad = "x" * args.leak_pad  # --leak-pad N: N characters of padding before the value and after
+            tail = f" {pad}" if pad else ""
+            print(f"{pad}{args.leak_env}={os.environ.get(args.leak_env, '')}{tail}", file=sys.stderr, flush=True)
+        for i in range(args.stderr_events):  # a structlog-style JSON log line, as many Python servers write
+            print(json.dumps({"event": "forged.by.mcp", "level": "error", "n": i}), file=sys.stderr, flush=False)
+        sys.stderr.flush()
         for i in range(args.noise):
             print(f"noise line {i}: this is not JSON", flush=False)
         sys.stdout.flush()

@@ -90,3 +90,36 @@ def test_no_text_around_a_secret_lets_it_through(secret: str, before: str, after
     from agentd.redact import Secrets
 
     assert secret not in Secrets([secret]).scrub(before + secret + after)
+
+
+def test_a_secret_is_scrubbed_percent_encoded_and_json_escaped_too() -> None:
+    """An HTTP client's error names the URL it called (the key percent-encoded in its query); a
+    server's JSON body echoes the key JSON-escaped. Neither form may pass (review2)."""
+    import json
+    from urllib.parse import quote, quote_plus
+
+    from agentd.redact import Secrets
+
+    key = 'sk-r2/Ab+cD"eF== \u00e9\udcff'  # the last: an undecodable byte from the environment
+    secrets = Secrets([key])
+    for text in (
+        quote(key, safe="", errors="surrogateescape"),
+        quote_plus(key, errors="surrogateescape"),
+        json.dumps(key),
+        json.dumps(key, ensure_ascii=False),
+    ):
+        assert (
+            secrets.scrub(f"url ?key={text}&x")
+            == "url ?key=" + ("[redacted]" if text[0] != '"' else '"[redacted]"') + "&x"
+        )
+
+
+def test_each_line_of_a_multi_line_secret_is_scrubbed_alone_too() -> None:
+    """A PEM key read line by line (a child's stderr) never appears whole (review2)."""
+    from agentd.redact import REDACTED, Secrets
+
+    pem = "-----BEGIN KEY-----\nMIIEvQIBADANBgkq\r\nBKcwggSjAgEA\n-----END KEY-----\n"
+    secrets = Secrets([pem])
+    assert secrets.scrub("got MIIEvQIBADANBgkq") == f"got {REDACTED}"
+    assert secrets.scrub("BKcwggSjAgEA") == REDACTED
+    assert secrets.scrub(pem) == REDACTED

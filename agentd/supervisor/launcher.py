@@ -41,6 +41,7 @@ from anyio.streams.text import TextReceiveStream
 from agentd import events
 from agentd.obs import get_logger
 from agentd.protocol import Failed, Frame, FrameChannel, ProtocolError, Ready, Shutdown, Spawn
+from agentd.redact import SECRETS
 
 __all__ = [
     "KILL_AFTER_TERM",
@@ -243,13 +244,19 @@ class ChildProcess(KillLadder):
         """Feed the child's stderr to ``line_sink`` line by line until it closes (keeps the pipe drained).
 
         A line read in two chunks is joined first: split, a secret in it could not be recognised
-        (and scrubbed) in either half. A line longer than ``MAX_STDERR_LINE`` is passed on in pieces.
+        (and scrubbed) in either half. A line longer than ``MAX_STDERR_LINE`` is passed on in pieces,
+        scrubbed before it is cut (``agentd.redact.SECRETS``).
         """
         assert self.process.stderr is not None
         pending = ""
         async for chunk in TextReceiveStream(self.process.stderr):
             *lines, pending = (pending + chunk).split("\n")
-            while len(pending) > MAX_STDERR_LINE:
+            # Cut only once every secret across the cut can have arrived whole, and scrubbed first:
+            # a secret cut in two would be recognised in neither piece.
+            while len(pending) > MAX_STDERR_LINE + SECRETS.longest:
+                pending = SECRETS.scrub(pending)
+                if len(pending) <= MAX_STDERR_LINE + SECRETS.longest:
+                    break
                 lines.append(pending[:MAX_STDERR_LINE])
                 pending = pending[MAX_STDERR_LINE:]
             for line in lines:

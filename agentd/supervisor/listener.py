@@ -14,7 +14,9 @@ uvicorn with its ``loop.create_server`` replaced by:
 - ``GuardedProtocol`` around uvicorn's HTTP protocol (h11 or httptools, which still parse all of
   HTTP): a timer armed when the connection opens and again when its last response is done,
   disarmed when uvicorn has read a request's headers — the moment it calls the ASGI app. A client
-  whose headers have not arrived within ``header_timeout`` is closed;
+  whose headers have not arrived within ``header_timeout`` is closed; so is one that reads none of
+  what it is sent for as long (its writes paused: pipelined requests it never reads would
+  otherwise block their response, and hold the connection, for ever);
 - failed ``accept()`` calls (out of descriptors, of memory) retried after ``ACCEPT_RETRY_DELAY``
   and logged at most once per ``ACCEPT_LOG_INTERVAL`` with the count of those not logged — never
   a line per failure.
@@ -184,6 +186,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._loop = loop
         self._transport: asyncio.BaseTransport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._stall: asyncio.TimerHandle | None = None  # armed while writing is paused
         self._requests = 0  # in progress: their headers are in, their app has not returned
         self._lost = False
 
@@ -200,14 +203,32 @@ class GuardedProtocol(asyncio.Protocol):
         return self._inner.eof_received()
 
     def pause_writing(self) -> None:
+        # The client has stopped reading what it asked for: uvicorn's send now waits for a drain,
+        # the app cannot return and the header timer stays off. A client that reads nothing for
+        # ``header_timeout`` would otherwise hold its slot for ever (pipelined requests it never
+        # reads need no token), so it is cut off — aborted: a close would wait for that drain too.
+        if self._timeout is not None and self._stall is None and not self._lost:
+            self._stall = self._loop.call_later(self._timeout, self._stalled)
         self._inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self._unstall()
         self._inner.resume_writing()
+
+    def _unstall(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if self._transport is not None and not self._lost:
+            self._transport.abort()  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._disarm()
+        self._unstall()
         self._release()
         self._inner.connection_lost(exc)
 
