@@ -46,6 +46,7 @@ from scale import (
     Throughput,
     new_session_latency,
     open_sessions,
+    print_run_end,
     source_fingerprint,
     step,
     throughput,
@@ -223,13 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             f"load CPU in cores: {cores}; {run.load.errors} failed turns; shrunk {run.shrink_seconds:.1f}s "
             f"after the reload to {run.shrunk.states or 'no child'}; exit code {run.exit_code}"
         )
-    problems = PROBLEMS.lines()
-    print("problems: " + ("none" if not problems else ""))
-    for line in problems:
-        print(f"  {line}")
-    if source_fingerprint() != fingerprint:
-        print(f"warning: agentd/ changed during the run (sources {fingerprint} → {source_fingerprint()})")
-    print(f"total {time.monotonic() - began:.0f}s; load average {loadavg()}; no child left running")
+    print_run_end(began, fingerprint)
     return 0
 
 

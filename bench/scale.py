@@ -1034,6 +1034,18 @@ def print_results(runs: dict[str, ModeRun], modes: Sequence[Mode], args: argpars
     print(flush=True)
 
 
+def print_run_end(began: float, fingerprint: str) -> None:
+    """The lines every bench run ends with: problems seen, a warning if agentd/ changed meanwhile,
+    the total time and the load average."""
+    problems = PROBLEMS.lines()
+    print("problems: " + ("none" if not problems else ""))
+    for line in problems:
+        print(f"  {line}")
+    if source_fingerprint() != fingerprint:
+        print(f"warning: agentd/ changed during the run (sources {fingerprint} → {source_fingerprint()})")
+    print(f"total {time.monotonic() - began:.0f}s; load average {loadavg()}; no child left running")
+
+
 def source_fingerprint() -> str:
     """A short hash of every ``agentd/*.py``: which code was measured (the tree may be edited meanwhile)."""
     root = Path(__file__).resolve().parent.parent / "agentd"
@@ -1147,13 +1159,7 @@ def main(argv: list[str] | None = None) -> int:
         f"idle store: {args.idle:,} sessions inserted in {populated:.1f}s; figure 2 is the median of "
         f"{args.restarts} restart(s) per mode; exit codes after SIGTERM: {idle_codes}"
     )
-    problems = PROBLEMS.lines()
-    print("problems: " + ("none" if not problems else ""))
-    for line in problems:
-        print(f"  {line}")
-    if source_fingerprint() != fingerprint:
-        print(f"warning: agentd/ changed during the run (sources {fingerprint} → {source_fingerprint()})")
-    print(f"total {time.monotonic() - began:.0f}s; load average {loadavg()}; no child left running")
+    print_run_end(began, fingerprint)
     return 0
 
 
