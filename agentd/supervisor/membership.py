@@ -454,6 +454,16 @@ class ReplicatedMembership(_Registered):
             log.warning(events.LOG_SESSION_ADOPT_FAILED, session=lease.session, error=str(exc))
             return
         runtime = self.sessions.get(lease.session)
+        if (
+            runtime is not None
+            and runtime.pending is not None
+            and started is not None
+            and runtime.pending.id == started.id
+        ):
+            # The scan claimed it between this replica's ``begin_turn`` and its own ``claim``: that
+            # claim keeps the token of a lease its holder has, so this very lease is the one the
+            # turn runs under. Releasing it would pull the lease from under the turn (lease_lost).
+            return
         if stored is None or started is None or (runtime is not None and runtime.pending is not None):
             await store_quietly(self.store.release(lease))  # ended meanwhile: nothing to run
             return
