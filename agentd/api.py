@@ -12,14 +12,12 @@ points at ``build_app``'s once the supervisor serves.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import msgspec
-from anyio.streams.memory import MemoryObjectReceiveStream
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -29,28 +27,25 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentd import events
-from agentd.config import Config
-from agentd.errors import (
-    BadInput,
-    Conflict,
-    NotFound,
-    ServiceError,
-    StoreFull,
-    TooLarge,
-    Unavailable,
+from agentd.apicommon import (
+    MESSAGE_LIMIT,
+    STATUS,
+    JSONResponse,
+    decode_bytes,
+    error_response,
+    is_number,
+    on_service_error,
+    read_body,
+    status_of,
 )
+from agentd.apikeys import CREDENTIAL, idempotent
+from agentd.errors import BadInput, ServiceError
 from agentd.obs import get_logger
+from agentd.service import Claim, Service
 from agentd.views import (
     Accepted,
     CreateSession,
-    ErrorBody,
-    ErrorDetail,
-    MessageResult,
     PostMessage,
-    ReloadResult,
-    SessionSummary,
-    SessionView,
-    StatusView,
 )
 
 __all__ = ["ROUTES", "STATUS", "BearerAuth", "Service", "SwitchableApp", "build_app", "build_waiting_app", "status_of"]
@@ -60,136 +55,6 @@ log = get_logger("api")
 SSE_KEEPALIVE_SECONDS = 15.0
 DEFAULT_PAGE = 100  # GET /v1/sessions without ?limit=
 MAX_PAGE = 10_000
-
-
-class JSONResponse(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return msgspec.json.encode(content)
-
-
-def error_response(status: int, code: str, message: str, turn: str | None = None) -> JSONResponse:
-    return JSONResponse(ErrorBody(error=ErrorDetail(code=code, message=message, turn=turn)), status_code=status)
-
-
-#: The HTTP status of each kind of domain error (the most specific kind listed wins).
-STATUS: dict[type[ServiceError], int] = {
-    BadInput: 400,
-    NotFound: 404,
-    Conflict: 409,
-    TooLarge: 413,
-    Unavailable: 503,
-    StoreFull: 507,
-}
-
-
-def status_of(error: ServiceError) -> int:
-    """The HTTP status ``error`` is answered with (500 for a kind ``STATUS`` does not list)."""
-    for kind in type(error).__mro__:
-        if kind in STATUS:
-            return STATUS[kind]
-    return 500
-
-
-async def _on_service_error(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ServiceError)
-    return error_response(status_of(exc), exc.code, exc.message, exc.turn)
-
-
-class Service(Protocol):
-    """What the API serves: the daemon's operations."""
-
-    @property
-    def config(self) -> Config:
-        """The running config (the message size limit)."""
-
-    def ready(self) -> list[str]:
-        """Reasons the daemon is not ready (empty = ready)."""
-
-    async def status(self) -> StatusView: ...
-    async def reload(self) -> ReloadResult: ...
-    async def metrics_text(self) -> bytes: ...
-    async def create_session(self, assistant_name: str | None) -> SessionView: ...
-    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]: ...
-    async def get_session(self, session_id: str) -> SessionView: ...
-    async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted: ...
-    async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[tuple[str, dict[str, Any]]]: ...
-    def unsubscribed(self, session_id: str) -> None: ...
-    async def cancel(self, session_id: str) -> str: ...
-    async def close_session(self, session_id: str) -> SessionSummary: ...
-
-
-def _is_number(text: str) -> bool:
-    """ASCII digits only: ``"²".isdigit()`` is true, yet ``int("²")`` raises."""
-    return text.isascii() and text.isdigit()
-
-
-#: Where a body limit comes from, as a 413 names it.
-MESSAGE_LIMIT = "[server] max_message_bytes"
-FIXED_LIMIT = "1 MiB, the fixed limit of this route; [server] max_message_bytes is for messages"
-
-
-async def _read_body(request: Request, limit: int, source: str = FIXED_LIMIT) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed ``limit`` (never read whole)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and _is_number(declared) and int(declared) > limit:
-        raise TooLarge(f"the request body is {int(declared)} bytes; the limit is {limit} bytes ({source})")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge(f"the request body exceeds the limit of {limit} bytes ({source})")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _decode(
-    request: Request, kind: type[Any], *, empty_ok: bool = False, limit: int = 1 << 20, source: str = FIXED_LIMIT
-) -> Any:
-    body = await _read_body(request, limit, source)
-    if not body.strip() and empty_ok:
-        body = b"{}"
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise BadInput(f"invalid request body: {exc}", code="invalid_body") from None
-    except msgspec.DecodeError as exc:
-        where = _lone_surrogate(body)
-        if where is not None:
-            raise BadInput(
-                f"request body is not valid JSON text: the string at {where} holds a lone UTF-16 surrogate "
-                "(a \\uD800-\\uDFFF escape that is not half of a pair), which is not Unicode text",
-                code="malformed_json",
-            ) from None
-        raise BadInput(f"request body is not valid JSON: {exc}", code="malformed_json") from None
-
-
-def _lone_surrogate(body: bytes) -> str | None:
-    """Where (``$.content``) a string escapes a lone surrogate, if that is why msgspec refused the body.
-
-    msgspec refuses them (rightly: they cannot be stored or sent as UTF-8) but says only "Input
-    data was truncated" or "invalid utf-16 surrogate pair". Python's json module accepts them, so
-    on this error path it shows where one is. None when that is not the problem.
-    """
-    try:
-        value = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    pending: list[tuple[str, Any]] = [("$", value)]
-    while pending:
-        path, item = pending.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return path
-        elif isinstance(item, dict):
-            pending.extend((f"{path}.{key}", v) for key, v in reversed(item.items()))
-            pending.extend((f"{path} (a key)", key) for key in item)
-        elif isinstance(item, list):
-            pending.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(item))))
-    return None
 
 
 #: Every route: its path, its method and the name of the handler ``build_app`` serves it with. The
@@ -244,12 +109,22 @@ def build_app(supervisor: Service) -> Starlette:
         return JSONResponse(result, status_code=200 if result.applied else 422)
 
     async def create_session(request: Request) -> Response:
-        body = await _decode(request, CreateSession, empty_ok=True)
-        return JSONResponse(await supervisor.create_session(body.assistant), status_code=201)
+        raw = await read_body(request, 1 << 20)
+        body = decode_bytes(raw, CreateSession, empty_ok=True)
+
+        async def work(claim: Claim | None) -> Response:
+            created = await supervisor.create_session(
+                body.assistant,
+                session_id=claim.session if claim else None,
+                resumed=claim.resumed if claim else False,
+            )
+            return JSONResponse(created, status_code=201)
+
+        return await idempotent(supervisor, request, "/v1/sessions", raw, work)
 
     async def list_sessions(request: Request) -> Response:
         limit_text = request.query_params.get("limit", str(DEFAULT_PAGE))
-        if not _is_number(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
+        if not is_number(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
             raise BadInput(f"limit must be a whole number from 1 to {MAX_PAGE}, not {limit_text!r}", code="bad_limit")
         after = request.query_params.get("after") or None
         return JSONResponse(await supervisor.list_sessions(limit=int(limit_text), after=after))
@@ -258,11 +133,19 @@ def build_app(supervisor: Service) -> Starlette:
         return JSONResponse(await supervisor.get_session(request.path_params["id"]))
 
     async def post_message(request: Request) -> Response:
-        body = await _decode(
-            request, PostMessage, limit=supervisor.config.server.max_message_bytes, source=MESSAGE_LIMIT
-        )
-        result = await supervisor.send_message(request.path_params["id"], body)
-        return JSONResponse(result, status_code=202 if isinstance(result, Accepted) else 200)
+        raw = await read_body(request, supervisor.config.server.max_message_bytes, MESSAGE_LIMIT)
+        body = decode_bytes(raw, PostMessage)
+
+        async def work(claim: Claim | None) -> Response:
+            result = await supervisor.send_message(
+                request.path_params["id"],
+                body,
+                turn_id=claim.turn if claim else None,
+                resumed=claim.resumed if claim else False,
+            )
+            return JSONResponse(result, status_code=202 if isinstance(result, Accepted) else 200)
+
+        return await idempotent(supervisor, request, "/v1/sessions/{id}/messages", raw, work)
 
     async def cancel(request: Request) -> Response:
         turn_id = await supervisor.cancel(request.path_params["id"])
@@ -318,7 +201,7 @@ def build_app(supervisor: Service) -> Starlette:
     return Starlette(
         routes=[Route(path, handlers[name], methods=[method]) for path, method, name in ROUTES],
         middleware=[Middleware(CatchAll)],
-        exception_handlers={ServiceError: _on_service_error, HTTPException: _on_http_error},
+        exception_handlers={ServiceError: on_service_error, HTTPException: _on_http_error},
     )
 
 
@@ -434,4 +317,5 @@ class BearerAuth:
                 response.headers["WWW-Authenticate"] = "Bearer"
                 await response(scope, receive, send)
                 return
+            scope = {**scope, CREDENTIAL: "token"}  # idempotency keys are scoped to it (RFC 0010 §2)
         await self.app(scope, receive, send)

@@ -185,6 +185,7 @@ class SessionView(_Body, kw_only=True):
     transcript: list[Entry] = []
     turns: list[TurnView] = []
     child: int | None = None  # pid of the child it is loaded on; None while not loaded
+    created_at: str | None = None
 
 
 class ChildView(_Body, kw_only=True):

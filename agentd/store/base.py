@@ -280,6 +280,10 @@ class Store(abc.ABC):
         """Every pending turn of a session that is not closed, oldest first: what a restart resumes."""
 
     @abc.abstractmethod
+    async def sessions_of_turn(self, turn_id: str) -> list[str]:
+        """The ids of the sessions that have a turn ``turn_id`` (turn ids are random: one, or none)."""
+
+    @abc.abstractmethod
     async def session_counts(self) -> dict[str, int]:
         """How many sessions are in each state (``idle``, ``running``, ``failed``, ``closed``)."""
 

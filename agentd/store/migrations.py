@@ -38,7 +38,8 @@ Versions:
    credential and the route) — the request's fingerprint, the process answering it (``owner``,
    NULL once none is), the session and turn ids chosen for it before anything was created, and
    its answer once given; until ``expires_at`` (epoch seconds by the store's clock), after which
-   claims delete it.
+   claims delete it. ``turns_id``: a turn is found by its id alone (the OpenAI-compatible routes
+   name a response by its turn).
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ SQLITE: dict[int, tuple[str, ...]] = {
         )
         """,
         "CREATE INDEX idempotency_expires ON idempotency (expires_at)",
+        "CREATE INDEX turns_id ON turns (id)",
     ),
 }
 
@@ -274,5 +276,6 @@ POSTGRES: dict[int, tuple[str, ...]] = {
         )
         """,
         "CREATE INDEX idempotency_expires ON idempotency (expires_at)",
+        "CREATE INDEX turns_id ON turns (id)",
     ),
 }

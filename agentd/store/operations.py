@@ -165,6 +165,12 @@ def interrupted_turns() -> Op[list[tuple[StoredSession, StartedTurn]]]:
     ]
 
 
+def sessions_of_turn(turn_id: str) -> Op[list[str]]:
+    """``Store.sessions_of_turn``: the sessions that have a turn with this id (one, unless ids collide)."""
+    rows = yield from fetch_all("SELECT session FROM turns WHERE id = :id ORDER BY n", id=turn_id)
+    return [row["session"] for row in rows]
+
+
 def session_counts() -> Op[dict[str, int]]:
     """``Store.session_counts``: sessions per state, every state named."""
     counts = dict.fromkeys(sorted(codec.SESSION_STATES), 0)
@@ -576,9 +582,7 @@ def unwatch(replica: str, sessions: Sequence[str]) -> Op[None]:
 
 # --------------------------------------------------------------------------- idempotency keys (RFC 0010 §2)
 
-_IDEMPOTENCY_COLUMNS = (
-    "scope, key, fingerprint, owner, session, turn, status, answer, headers, created_at, expires_at"
-)
+_IDEMPOTENCY_COLUMNS = "scope, key, fingerprint, owner, session, turn, status, answer, headers, created_at, expires_at"
 
 
 def _idempotency_from_row(row: Row) -> IdempotencyRecord:

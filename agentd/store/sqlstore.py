@@ -120,6 +120,9 @@ class SqlStore(Store):
     async def interrupted_turns(self) -> list[tuple[StoredSession, StartedTurn]]:
         return await self._read("list interrupted turns", ops.interrupted_turns())
 
+    async def sessions_of_turn(self, turn_id: str) -> list[str]:
+        return await self._read(f"find turn {turn_id}", ops.sessions_of_turn(turn_id))
+
     async def session_counts(self) -> dict[str, int]:
         return await self._read("count sessions", ops.session_counts())
 
@@ -308,7 +311,9 @@ class SqlStore(Store):
         ttl: float,
     ) -> IdempotencyRecord | None:
         if not 0 < ttl <= codec.MAX_TTL:
-            raise StoreError(f"cannot claim idempotency key {key!r}: its ttl must be more than 0 and at most {codec.MAX_TTL:g} s")
+            raise StoreError(
+                f"cannot claim idempotency key {key!r}: its ttl must be more than 0 and at most {codec.MAX_TTL:g} s"
+            )
         op = ops.idempotency_claim(scope, key, fingerprint, owner, session, turn, ttl)
         return await self._write(f"claim idempotency key {key!r}", op)
 
