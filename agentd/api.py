@@ -39,6 +39,8 @@ from agentd.apicommon import (
     status_of,
 )
 from agentd.apikeys import CREDENTIAL, idempotent
+from agentd.door.errors import door_error, is_door_path
+from agentd.door.routes import door_handlers
 from agentd.errors import BadInput, ServiceError
 from agentd.obs import get_logger
 from agentd.service import Claim, Service
@@ -48,7 +50,18 @@ from agentd.views import (
     PostMessage,
 )
 
-__all__ = ["ROUTES", "STATUS", "BearerAuth", "Service", "SwitchableApp", "build_app", "build_waiting_app", "status_of"]
+__all__ = [
+    "ALL_ROUTES",
+    "DOOR_ROUTES",
+    "ROUTES",
+    "STATUS",
+    "BearerAuth",
+    "Service",
+    "SwitchableApp",
+    "build_app",
+    "build_waiting_app",
+    "status_of",
+]
 
 log = get_logger("api")
 
@@ -74,6 +87,22 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("/metrics", "GET", "metrics"),
 )
 
+#: The OpenAI-compatible door's routes (RFC 0010), served like the others, answering errors in its shape.
+DOOR_ROUTES: tuple[tuple[str, str, str], ...] = (
+    ("/v1/models", "GET", "list_models"),
+    ("/v1/models/{id}", "GET", "get_model"),
+    ("/v1/chat/completions", "POST", "chat_completion"),
+    ("/v1/responses", "POST", "create_response"),
+    ("/v1/responses/{id}", "GET", "get_response"),
+    ("/v1/responses/{id}/cancel", "POST", "cancel_response"),
+    ("/v1/conversations", "POST", "create_conversation"),
+    ("/v1/conversations/{id}", "GET", "get_conversation"),
+    ("/v1/conversations/{id}/items", "GET", "list_conversation_items"),
+    ("/v1/conversations/{id}", "DELETE", "delete_conversation"),
+)
+#: Every route.
+ALL_ROUTES = ROUTES + DOOR_ROUTES
+
 
 async def _health(_: Request) -> Response:
     return JSONResponse({"status": "ok"})
@@ -86,10 +115,22 @@ def _not_ready(request: Request, reasons: list[str]) -> Response:
     return JSONResponse(shown, status_code=503)
 
 
-async def _on_http_error(_: Request, exc: Exception) -> Response:
+async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, code, str(exc.detail))
+    return _error(request.url.path, exc.status_code, code, str(exc.detail))
+
+
+def _error(path: str, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    """An error answered outside a route's handler, in the shape of the routes at ``path``."""
+    if is_door_path(path):
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        kind = "authentication_error" if status == 401 else kind
+        retry = {} if status >= 500 else {"x-should-retry": "false"}
+        return door_error(status, message, type=kind, code=code, headers={**retry, **(headers or {})})
+    response = error_response(status, code, message)
+    response.headers.update(headers or {})
+    return response
 
 
 def build_app(supervisor: Service) -> Starlette:
@@ -197,9 +238,10 @@ def build_app(supervisor: Service) -> Starlette:
         "session_events": session_events,
         "cancel": cancel,
         "metrics": metrics,
+        **door_handlers(supervisor),
     }
     return Starlette(
-        routes=[Route(path, handlers[name], methods=[method]) for path, method, name in ROUTES],
+        routes=[Route(path, handlers[name], methods=[method]) for path, method, name in ALL_ROUTES],
         middleware=[Middleware(CatchAll)],
         exception_handlers={ServiceError: on_service_error, HTTPException: _on_http_error},
     )
@@ -217,15 +259,15 @@ def build_waiting_app(waiting_for: Callable[[], str]) -> Starlette:
     async def ready(request: Request) -> Response:
         return _not_ready(request, [waiting_for()])
 
-    async def unavailable(_: Request) -> Response:
+    async def unavailable(request: Request) -> Response:
         message = f"agentd is not serving yet ({waiting_for()}); nothing was stored"
-        return error_response(503, "store_unavailable", message)
+        return _error(request.url.path, 503, "store_unavailable", message)
 
     def handler(name: str) -> Callable[[Request], Any]:
         return {"health": _health, "ready": ready}.get(name, unavailable)
 
     return Starlette(
-        routes=[Route(path, handler(name), methods=[method]) for path, method, name in ROUTES],
+        routes=[Route(path, handler(name), methods=[method]) for path, method, name in ALL_ROUTES],
         middleware=[Middleware(CatchAll)],
         exception_handlers={HTTPException: _on_http_error},
     )
@@ -279,7 +321,7 @@ class CatchAll:
             )
             if scope["type"] == "http" and not started:
                 message = f"internal error ({type(exc).__name__}); the daemon's log has it (api.internal_error)"
-                await error_response(500, "internal", message)(scope, receive, send)
+                await _error(scope.get("path", ""), 500, "internal", message)(scope, receive, send)
 
 
 #: Probes answered on TCP without a token: an orchestrator's HTTP probe cannot read a Secret.
@@ -313,8 +355,8 @@ class BearerAuth:
                 if scope["method"] == "GET" and scope["path"] in PROBE_PATHS:
                     await self.app({**scope, ANONYMOUS_PROBE: True}, receive, send)
                     return
-                response = error_response(401, "unauthorized", "missing or wrong bearer token")
-                response.headers["WWW-Authenticate"] = "Bearer"
+                message = "missing or wrong bearer token"
+                response = _error(scope["path"], 401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return
             scope = {**scope, CREDENTIAL: "token"}  # idempotency keys are scoped to it (RFC 0010 §2)
