@@ -13,7 +13,7 @@ points at ``build_app``'s once the supervisor serves.
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -26,7 +26,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentd import events
+from agentd import __version__, events
 from agentd.apicommon import (
     MESSAGE_LIMIT,
     STATUS,
@@ -41,13 +41,36 @@ from agentd.apicommon import (
 from agentd.apikeys import CREDENTIAL, idempotent
 from agentd.door.errors import door_error, is_door_path
 from agentd.door.routes import door_handlers
+from agentd.door.shapes import (
+    ChatCompletion,
+    ChatRequest,
+    ConversationCreate,
+    ConversationDeleted,
+    ConversationObject,
+    DoorErrorBody,
+    ItemList,
+    ModelList,
+    ModelObject,
+    ResponseObject,
+    ResponsesRequest,
+)
 from agentd.errors import BadInput, ServiceError
 from agentd.obs import get_logger
+from agentd.openapi import RouteDoc, document
 from agentd.service import Claim, Service
 from agentd.views import (
     Accepted,
+    Cancelling,
     CreateSession,
+    ErrorBody,
+    Health,
+    MessageResult,
     PostMessage,
+    Readiness,
+    ReloadResult,
+    SessionSummary,
+    SessionView,
+    StatusView,
 )
 
 __all__ = [
@@ -85,6 +108,7 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("/v1/sessions/{id}/events", "GET", "session_events"),
     ("/v1/sessions/{id}/cancel", "POST", "cancel"),
     ("/metrics", "GET", "metrics"),
+    ("/v1/openapi.json", "GET", "openapi"),
 )
 
 #: The OpenAI-compatible door's routes (RFC 0010), served like the others, answering errors in its shape.
@@ -102,16 +126,186 @@ DOOR_ROUTES: tuple[tuple[str, str, str], ...] = (
 )
 #: Every route.
 ALL_ROUTES = ROUTES + DOOR_ROUTES
+#: The route serving the OpenAPI document of every route (RFC 0010 §5).
+OPENAPI_PATH = "/v1/openapi.json"
+
+
+def _codes(*groups: Mapping[int, Sequence[str]]) -> dict[int, tuple[str, ...]]:
+    """Error codes by status, the groups merged."""
+    merged: dict[int, tuple[str, ...]] = {}
+    for group in groups:
+        for status, codes in group.items():
+            merged[status] = (*merged.get(status, ()), *codes)
+    return merged
+
+
+STORE = {503: ("store_unavailable",)}
+BODY = {400: ("invalid_body", "malformed_json"), 413: ("too_large",)}
+CREATING = {
+    400: ("bad_idempotency_key",),
+    409: ("idempotency_in_progress",),
+    422: ("idempotency_key_reused",),
+    503: ("draining", "store_unavailable"),
+    507: ("store_full",),
+}
+TURN = {
+    400: ("empty_message",),
+    404: ("not_found",),
+    409: ("turn_running", "turn_refused"),
+    503: ("turn_cut", "turn_elsewhere", "lease_lost"),
+}
+DOOR_BODY = {400: ("unknown_parameter", "unsupported_parameter", "invalid_value"), 404: ("model_not_found",)}
+DOOR_TURN = {409: ("turn_cancelled",), 500: ("turn_failed",), 503: ("turn_intel_unavailable",)}
+SESSION_HEADER = {"X-Agentd-Session": "chat: the session to continue (request); the session answered (response)"}
+LIMIT = ({"type": "integer", "minimum": 1, "maximum": MAX_PAGE}, "page size")
+
+#: What each route (by handler name) takes and answers: its OpenAPI operation (``agentd.openapi``).
+DOCS: dict[str, RouteDoc] = {
+    "health": RouteDoc("liveness", {200: Health}, error_body=ErrorBody),
+    "ready": RouteDoc("readiness", {200: Readiness, 503: Readiness}, error_body=ErrorBody),
+    "status": RouteDoc("the daemon's status", {200: StatusView}, errors=STORE, error_body=ErrorBody),
+    "reload": RouteDoc(
+        "reload the config file", {200: ReloadResult, 422: ReloadResult}, errors=STORE, error_body=ErrorBody
+    ),
+    "create_session": RouteDoc(
+        "open a session",
+        {201: SessionView},
+        CreateSession,
+        optional_body=True,
+        errors=_codes(BODY, CREATING, {400: ("unknown_assistant",)}),
+        keyed=True,
+        error_body=ErrorBody,
+    ),
+    "list_sessions": RouteDoc(
+        "a page of sessions",
+        {200: list[SessionSummary]},
+        errors=_codes(STORE, {400: ("bad_limit", "bad_cursor")}),
+        query={"limit": LIMIT, "after": ({"type": "string"}, "the last session id of the page before")},
+        error_body=ErrorBody,
+    ),
+    "get_session": RouteDoc(
+        "a session", {200: SessionView}, errors=_codes(STORE, {404: ("not_found",)}), error_body=ErrorBody
+    ),
+    "close_session": RouteDoc(
+        "close a session",
+        {200: SessionSummary},
+        errors=_codes(STORE, {404: ("not_found",), 507: ("store_full",)}),
+        error_body=ErrorBody,
+    ),
+    "post_message": RouteDoc(
+        "send a message: a turn",
+        {200: MessageResult, 202: Accepted},
+        PostMessage,
+        errors=_codes(BODY, CREATING, TURN),
+        keyed=True,
+        error_body=ErrorBody,
+    ),
+    "session_events": RouteDoc(
+        "the session's events",
+        {200: None},
+        errors=_codes(STORE, {404: ("not_found",)}),
+        media="text/event-stream",
+        events=sorted(events.SESSION_EVENTS),
+        error_body=ErrorBody,
+    ),
+    "cancel": RouteDoc(
+        "cancel the running turn",
+        {202: Cancelling},
+        errors=_codes(STORE, {404: ("not_found",), 409: ("no_turn",)}),
+        error_body=ErrorBody,
+    ),
+    "metrics": RouteDoc("Prometheus metrics", {200: None}, errors=STORE, media="text/plain", error_body=ErrorBody),
+    "openapi": RouteDoc("this document", {200: dict[str, Any]}, error_body=ErrorBody),
+    "list_models": RouteDoc("the models: agentd's assistants", {200: ModelList}, error_body=DoorErrorBody, tag="door"),
+    "get_model": RouteDoc(
+        "a model", {200: ModelObject}, errors={404: ("model_not_found",)}, error_body=DoorErrorBody, tag="door"
+    ),
+    "chat_completion": RouteDoc(
+        "a chat completion: a turn (not streamed)",
+        {200: ChatCompletion},
+        ChatRequest,
+        errors=_codes(BODY, CREATING, TURN, DOOR_BODY, DOOR_TURN),
+        keyed=True,
+        headers=SESSION_HEADER,
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "create_response": RouteDoc(
+        "a response: a turn (not streamed)",
+        {200: ResponseObject},
+        ResponsesRequest,
+        errors=_codes(
+            BODY,
+            CREATING,
+            TURN,
+            DOOR_BODY,
+            {400: ("previous_response_not_latest", "conflicting_parameters", "not_found"), 404: ("turn_not_found",)},
+        ),
+        keyed=True,
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "get_response": RouteDoc(
+        "a response",
+        {200: ResponseObject},
+        errors=_codes(STORE, {404: ("not_found", "turn_not_found")}),
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "cancel_response": RouteDoc(
+        "cancel a response in progress",
+        {200: ResponseObject},
+        errors=_codes(STORE, {404: ("not_found", "turn_not_found"), 409: ("not_in_progress", "no_turn")}),
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "create_conversation": RouteDoc(
+        "a conversation: a new session",
+        {200: ConversationObject},
+        ConversationCreate,
+        optional_body=True,
+        errors=_codes(BODY, CREATING, DOOR_BODY, {400: ("unknown_assistant",)}),
+        keyed=True,
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "get_conversation": RouteDoc(
+        "a conversation",
+        {200: ConversationObject},
+        errors=_codes(STORE, {404: ("not_found",)}),
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "list_conversation_items": RouteDoc(
+        "a conversation's items",
+        {200: ItemList},
+        errors=_codes(STORE, {400: ("invalid_value",), 404: ("not_found",)}),
+        query={
+            "limit": ({"type": "integer", "minimum": 1, "maximum": 100}, "page size (20)"),
+            "order": ({"enum": ["asc", "desc"]}, "desc (newest first) or asc"),
+            "after": ({"type": "string"}, "the last item id of the page before"),
+        },
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "delete_conversation": RouteDoc(
+        "delete a conversation: its session is closed",
+        {200: ConversationDeleted},
+        errors=_codes(STORE, {404: ("not_found",), 507: ("store_full",)}),
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+}
 
 
 async def _health(_: Request) -> Response:
-    return JSONResponse({"status": "ok"})
+    return JSONResponse(Health())
 
 
 def _not_ready(request: Request, reasons: list[str]) -> Response:
     """503 ``{"ready": false, "reasons": […]}``; a probe without the token learns ready or not,
     never why (names, store errors)."""
-    shown = {"ready": False} if request.scope.get(ANONYMOUS_PROBE) else {"ready": False, "reasons": reasons}
+    shown = Readiness(ready=False, reasons=None if request.scope.get(ANONYMOUS_PROBE) else reasons)
     return JSONResponse(shown, status_code=503)
 
 
@@ -140,7 +334,7 @@ def build_app(supervisor: Service) -> Starlette:
         reasons = supervisor.ready()
         if reasons:
             return _not_ready(request, reasons)
-        return JSONResponse({"ready": True})
+        return JSONResponse(Readiness(ready=True))
 
     async def status(_: Request) -> Response:
         return JSONResponse(await supervisor.status())
@@ -190,7 +384,7 @@ def build_app(supervisor: Service) -> Starlette:
 
     async def cancel(request: Request) -> Response:
         turn_id = await supervisor.cancel(request.path_params["id"])
-        return JSONResponse({"turn_id": turn_id, "cancelling": True}, status_code=202)
+        return JSONResponse(Cancelling(turn_id=turn_id), status_code=202)
 
     async def close_session(request: Request) -> Response:
         return JSONResponse(await supervisor.close_session(request.path_params["id"]))
@@ -225,6 +419,11 @@ def build_app(supervisor: Service) -> Starlette:
 
         return Response(await supervisor.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
+    schema = msgspec.json.encode(document(ALL_ROUTES, DOCS, version=__version__))
+
+    async def openapi(_: Request) -> Response:
+        return Response(schema, media_type="application/json")
+
     handlers = {
         "health": _health,
         "ready": ready,
@@ -238,6 +437,7 @@ def build_app(supervisor: Service) -> Starlette:
         "session_events": session_events,
         "cancel": cancel,
         "metrics": metrics,
+        "openapi": openapi,
         **door_handlers(supervisor),
     }
     return Starlette(
