@@ -1,9 +1,14 @@
 """The HTTP+JSON control API (RFC 0000 §6) as a Starlette app over the daemon's operations.
 
-Bodies are msgspec Structs from agentd.views; every error is ``{"error": {"code", "message"}}``.
-The operations refuse with the domain errors of ``agentd.errors``; this module alone says which
-HTTP status each is answered with (``STATUS``). The app is built over any ``Service`` (the
-daemon's composition root, ``agentd.supervisor.daemon``, gives it the supervisor).
+This module is the one route table: the native routes (``ROUTES``), the OpenAI-compatible door's
+(``DOOR_ROUTES``, handled in ``agentd.door``, RFC 0010), and what each takes and answers
+(``DOCS``: the OpenAPI document, ``agentd.openapi``, is generated from them).
+Bodies are msgspec Structs from agentd.views; every error is ``{"error": {"code", "message"}}``
+(the door's: OpenAI's shape, RFC 0010 §4). The operations refuse with the domain errors of
+``agentd.errors``; one table says which HTTP status each is answered with (``STATUS``, in
+``agentd.apicommon``, which the door shares). The app is built over any ``Service``
+(``agentd.service``; the daemon's composition root, ``agentd.supervisor.daemon``, gives it the
+supervisor). Creating POSTs take an ``Idempotency-Key`` (``agentd.apikeys``, RFC 0010 §2).
 The unix socket listener needs no token (the socket is mode 0600); the optional TCP listener is
 wrapped in ``BearerAuth``. While the daemon waits for its store at start-up the listeners serve
 ``build_waiting_app`` instead (alive, not ready), through a ``SwitchableApp`` that the daemon
