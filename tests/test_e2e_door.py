@@ -355,3 +355,27 @@ async def test_the_async_client_over_tcp_and_the_socket(door: Door) -> None:
             assert (await client.conversations.delete(conversation.id)).deleted
             with pytest.raises(openai.NotFoundError):
                 await client.responses.retrieve("resp_nope")
+
+
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+def test_images_travel_as_data_urls_and_urls_are_refused_naming_the_part(door: Door) -> None:
+    def ask(url: str) -> Any:
+        return door.unix.chat.completions.with_raw_response.create(
+            model="main",
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": url}}],
+                }
+            ],
+        )
+
+    answered = ask(f"data:image/png;base64,{PNG}")
+    session = answered.headers["x-agentd-session"]
+    users = [e for e in door.daemon.session(session)["transcript"] if e["role"] == "user"]
+    assert users[0]["images"] == [PNG] and users[0]["content"] == "look"
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask("https://example.com/cat.png")
+    assert caught.value.param == "messages[0].content[1].image_url"

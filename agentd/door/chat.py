@@ -34,11 +34,15 @@ async def create(service: Service, request: Request) -> Response:
     spoken = [(m.role, said(m.content, f"messages[{i}].content")) for i, m in enumerate(body.messages)]
     last = last_user(spoken, "messages")
     continued = request.headers.get(SESSION_HEADER)
+    seeded = (
+        []
+        if continued is not None
+        else [message_of(m.role, m.content, f"messages[{i}].content") for i, m in enumerate(body.messages[:-1])]
+    )
 
     async def work(claim: Claim | None) -> Response:
         session = continued
         if session is None:
-            seeded = [message_of(m.role, m.content, f"messages[{i}].content") for i, m in enumerate(body.messages[:-1])]
             created = await service.create_session(
                 assistant,
                 session_id=claim.session if claim else None,

@@ -84,11 +84,12 @@ async def create(service: Service, request: Request) -> Response:
             " (the conversation keeps its own); start a new conversation to give more",
         )
 
+    seeded: list[Message] = [SystemMessage(content=body.instructions)] if body.instructions else []
+    seeded += [message_of(it.role, it.content, f"input[{i}].content") for i, it in enumerate(items[:-1])]
+
     async def work(claim: Claim | None) -> Response:
         session = continued
         if session is None:
-            seeded: list[Message] = [SystemMessage(content=body.instructions)] if body.instructions else []
-            seeded += [message_of(it.role, it.content, f"input[{i}].content") for i, it in enumerate(items[:-1])]
             created = await service.create_session(
                 assistant,
                 session_id=claim.session if claim else None,
