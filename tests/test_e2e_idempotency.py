@@ -183,3 +183,50 @@ def test_an_expired_key_is_a_new_request(tmp_path: Path) -> None:
             interval=0.3,
         )
         assert session_count(daemon) >= 2
+
+
+def test_a_chat_completion_killed_mid_turn_is_answered_after_the_restart_with_one_session(tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    config = two_assistant_config(hold)
+    body = {"model": "held", "messages": [{"role": "user", "content": "earlier"}, {"role": "user", "content": "now"}]}
+    first = Daemon(tmp_path, config).start()
+    try:
+        assert first.client is not None
+        client = first.client
+
+        def post() -> None:
+            with contextlib.suppress(httpx.TransportError):
+                client.post(
+                    "/v1/chat/completions", json=body, headers={"Idempotency-Key": "chat-kill"}, timeout=TIMEOUT
+                )
+
+        waiting = threading.Thread(target=post)
+        waiting.start()
+        session = wait_until(
+            lambda: (s := first.json("GET", "/v1/sessions", status=200)) and s[0]["turns"] and s[0]["id"],
+            "the keyed chat turn to be stored",
+        )
+        turn = user_turns(first, session)[0]["id"]
+        assert first.process is not None
+        os.kill(first.process.pid, signal.SIGKILL)
+        first.wait_exit()
+        waiting.join(TIMEOUT)
+    finally:
+        first.stop()
+    hold.touch()
+    second = Daemon(tmp_path, config).start()
+    try:
+
+        def retried() -> httpx.Response | None:
+            answer = keyed(second, "/v1/chat/completions", body, "chat-kill")
+            return None if answer.status_code == 409 else answer
+
+        answer = wait_until(retried, "the retried chat completion")
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["id"] == f"chatcmpl-{turn}"
+        assert answer.headers["x-agentd-session"] == session
+        assert [s["id"] for s in second.json("GET", "/v1/sessions", status=200)] == [session]
+        users = [e["content"] for e in second.session(session)["transcript"] if e["role"] == "user"]
+        assert users == ["earlier", "now"]
+    finally:
+        second.stop()
