@@ -34,6 +34,10 @@ Versions:
    by the store's clock), so that the replica that claims a session to run its turn knows at once
    where to relay the turn's events (RFC 0009 §7). Rows are hints: a replica that stops
    refreshing its rows is ignored once they expire, and expired rows are deleted by heartbeats.
+8. ``reloads``: the reload history (RFC 0000 §6, ``GET /v1/reloads``), one row per reload a
+   replica ran — the generation it left running, when, applied or not, its errors and changed
+   paths (JSON lists), how many sessions it swapped, which replica. Bounded: each insert deletes
+   the rows older than the newest 1000 (``n``, the insertion order).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from __future__ import annotations
 __all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -133,6 +137,20 @@ SQLITE: dict[int, tuple[str, ...]] = {
             replica  TEXT NOT NULL,
             until    REAL NOT NULL,
             PRIMARY KEY (session, replica)
+        )
+        """,
+    ),
+    8: (
+        """
+        CREATE TABLE reloads (
+            n              INTEGER PRIMARY KEY,
+            generation     INTEGER NOT NULL,
+            at             REAL NOT NULL,
+            applied        INTEGER NOT NULL CHECK (applied IN (0, 1)),
+            errors         TEXT NOT NULL DEFAULT '[]',
+            changed        TEXT NOT NULL DEFAULT '[]',
+            swapped_total  INTEGER NOT NULL DEFAULT 0,
+            replica        TEXT NOT NULL DEFAULT ''
         )
         """,
     ),
@@ -229,6 +247,20 @@ POSTGRES: dict[int, tuple[str, ...]] = {
             replica  TEXT NOT NULL,
             until    DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (session, replica)
+        )
+        """,
+    ),
+    8: (
+        """
+        CREATE TABLE reloads (
+            n              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            generation     BIGINT NOT NULL,
+            at             DOUBLE PRECISION NOT NULL,
+            applied        BOOLEAN NOT NULL,
+            errors         TEXT NOT NULL DEFAULT '[]',
+            changed        TEXT NOT NULL DEFAULT '[]',
+            swapped_total  BIGINT NOT NULL DEFAULT 0,
+            replica        TEXT NOT NULL DEFAULT ''
         )
         """,
     ),

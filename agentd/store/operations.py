@@ -23,6 +23,7 @@ from agentd.store.base import (
     ORPHANS,
     CommittedTurn,
     Lease,
+    ReloadRow,
     ReplicaRow,
     StoredEntry,
     StoredSession,
@@ -129,19 +130,30 @@ def transcript(session_id: str, exclude_turn: str | None) -> Op[list[Message]]:
     return [codec.decode_message(row["message"]) for row in rows]
 
 
-def list_sessions(limit: int, after: str | None) -> Op[list[StoredSession]]:
-    """``Store.list_sessions``: one page in creation order (``{order}``), with each session's turn count."""
+def list_sessions(
+    limit: int, after: str | None, state: str | None = None, assistant: str | None = None
+) -> Op[list[StoredSession]]:
+    """``Store.list_sessions``: one page in creation order (``{order}``), with each session's turn count,
+    of the sessions in ``state`` (checked before) on ``assistant`` when given."""
     start = 0
     if after is not None:
         row = yield from fetch_one("SELECT {order} AS n FROM sessions WHERE id = :id", id=after)
         if row is None:
             raise UnknownSession(f"no session {after!r} to page after")
         start = row["n"]
+    where, params = "", dict[str, Any]()
+    if state is not None:
+        where += " AND state = :state"
+        params["state"] = state
+    if assistant is not None:
+        where += " AND assistant = :assistant"
+        params["assistant"] = assistant
     rows = yield from fetch_all(
         f"SELECT {SESSION_COLUMNS}, (SELECT COUNT(*) FROM turns WHERE turns.session = sessions.id) AS turns"
-        " FROM sessions WHERE {order} > :start ORDER BY {order} LIMIT :limit",
+        f" FROM sessions WHERE {{order}} > :start{where} ORDER BY {{order}} LIMIT :limit",
         start=start,
         limit=limit,
+        **params,
     )
     return [msgspec.structs.replace(session_from_row(row), turn_count=row["turns"]) for row in rows]
 
@@ -571,3 +583,43 @@ def unwatch(replica: str, sessions: Sequence[str]) -> Op[None]:
         "DELETE FROM watches WHERE replica = :replica AND session = :session",
         [{"replica": replica, "session": session} for session in sessions],
     )
+
+
+# --------------------------------------------------------------------------- the reload history (RFC 0000 §6)
+
+
+def record_reload(reload: ReloadRow, keep: int) -> Op[None]:
+    """``Store.record_reload``: one row more; rows older than the newest ``keep`` deleted (bounded history)."""
+    yield from execute(
+        "INSERT INTO reloads (generation, at, applied, errors, changed, swapped_total, replica)"
+        " VALUES (:generation, :at, :applied, :errors, :changed, :swapped_total, :replica)",
+        generation=reload.generation,
+        at=reload.at,
+        applied=reload.applied,
+        errors=codec.encode_json(reload.errors),
+        changed=codec.encode_json(reload.changed),
+        swapped_total=reload.swapped_total,
+        replica=reload.replica,
+    )
+    yield from execute("DELETE FROM reloads WHERE n <= (SELECT MAX(n) FROM reloads) - :keep", keep=keep)
+
+
+def reloads(limit: int) -> Op[list[ReloadRow]]:
+    """``Store.reloads``: the newest ``limit`` rows of the history, newest first."""
+    rows = yield from fetch_all(
+        "SELECT generation, at, applied, errors, changed, swapped_total, replica FROM reloads"
+        " ORDER BY n DESC LIMIT :limit",
+        limit=limit,
+    )
+    return [
+        ReloadRow(
+            generation=row["generation"],
+            at=float(row["at"]),
+            applied=bool(row["applied"]),
+            errors=codec.decode_reload_errors(row["errors"]),
+            changed=codec.decode_strings(row["changed"]),
+            swapped_total=row["swapped_total"],
+            replica=row["replica"],
+        )
+        for row in rows
+    ]

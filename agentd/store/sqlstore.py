@@ -27,6 +27,7 @@ from agentd.store import operations as ops
 from agentd.store.base import (
     CommittedTurn,
     Lease,
+    ReloadRow,
     ReplicaRow,
     Store,
     StoredEntry,
@@ -113,8 +114,12 @@ class SqlStore(Store):
         op = ops.transcript(session_id, exclude_turn)
         return await self._read(f"read transcript of session {session_id}", op)
 
-    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[StoredSession]:
-        return await self._read("list sessions", ops.list_sessions(limit, after))
+    async def list_sessions(
+        self, *, limit: int = 100, after: str | None = None, state: str | None = None, assistant: str | None = None
+    ) -> list[StoredSession]:
+        codec.check_state(state, "cannot list sessions")
+        assistant = self.dialect.text(assistant) if assistant is not None else None
+        return await self._read("list sessions", ops.list_sessions(limit, after, state, assistant))
 
     async def interrupted_turns(self) -> list[tuple[StoredSession, StartedTurn]]:
         return await self._read("list interrupted turns", ops.interrupted_turns())
@@ -279,6 +284,20 @@ class SqlStore(Store):
         codec.check_replica(replica, f"cannot record replica {replica}")
         op = ops.beat(replica, generation, sessions)
         return await self._write(f"record replica {replica}", op, durable=False)
+
+    async def record_reload(self, reload: ReloadRow, *, keep: int) -> None:
+        if keep < 1:
+            raise StoreError(f"cannot record a reload: keep must be at least 1, not {keep}")
+        text = self.dialect.text
+        stored = msgspec.structs.replace(
+            reload,
+            errors=tuple((text(path), text(message)) for path, message in reload.errors),
+            changed=tuple(text(path) for path in reload.changed),
+        )
+        await self._write(f"record the reload to generation {reload.generation}", ops.record_reload(stored, keep))
+
+    async def reloads(self, limit: int) -> list[ReloadRow]:
+        return await self._read("read the reload history", ops.reloads(limit))
 
     async def live_replicas(self, max_age: float) -> list[ReplicaRow]:
         return await self._read("read the live replicas", ops.live_replicas(max_age))
