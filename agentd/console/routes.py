@@ -57,14 +57,15 @@ log = get_logger("console")
 
 #: A console form's body at most (a message's own limit, ``[server] max_message_bytes``, applies too).
 FORM_LIMIT = 4 << 20
-#: Sent with every console response: only the package's own assets, no framing, no referrer.
+#: Sent with every console response: only the package's own assets, no framing, no referrer to other sites.
 HEADERS: dict[str, str] = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
         "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: under it a browser sends `Origin: null` with its form posts, which the Origin check refuses.
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
 }
 #: What a redirect's ``?done=`` says on the page it lands on (fixed texts: nothing from the URL is shown).

@@ -129,6 +129,8 @@ const HANDLERS = {
     setTurn(data.turn, { status: "pending" });
     const cancel = document.getElementById("cancel-form");
     if (cancel) cancel.hidden = false;
+    const state = document.getElementById("state");
+    if (state) { state.textContent = "running"; state.className = "state-running"; }
   },
   // Token deltas of the reply being written: appended as they come, replaced by the entries at turn.done.
   "delta": (live, data) => {

@@ -1,0 +1,128 @@
+"""The console's pure parts (agentd/console/auth.py, pages.py): logins, CSRF tokens, the Origin
+rule, paging — without a daemon or a browser (tests/test_e2e_console.py drives the whole)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentd.console.auth import CLOCK_SKEW, SESSION_MAX_AGE, ConsoleKeys, same_origin
+from agentd.console.pages import environment, page_number, paginate
+from agentd.console.routes import _local_next
+
+TOKEN = "unit-test-token-0123456789"
+NOW = 1_800_000_000.0
+
+
+def test_a_login_cookie_is_good_on_any_replica_with_the_token_and_never_shows_it() -> None:
+    issued = ConsoleKeys(TOKEN).issue(NOW)
+    assert TOKEN not in issued
+    other_replica = ConsoleKeys(TOKEN)
+    login = other_replica.login(issued, NOW + 60)
+    assert login is not None and login.issued_at == int(NOW)
+    assert ConsoleKeys("another-token-9876543210").login(issued, NOW) is None  # a new token logs everyone out
+
+
+@pytest.mark.parametrize("age", [SESSION_MAX_AGE + 1, -CLOCK_SKEW - 1], ids=["expired", "issued in the future"])
+def test_a_login_cookie_expires(age: float) -> None:
+    keys = ConsoleKeys(TOKEN)
+    assert keys.login(keys.issue(NOW), NOW + age) is None
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda c: None,
+        lambda c: "",
+        lambda c: c + "0",
+        lambda c: "9" + c,  # another issue time under the same MAC
+        lambda c: c.replace(".", "", 1),
+        lambda c: "x." + c.split(".", 1)[1],
+        lambda c: "²." + c.split(".", 1)[1],
+        lambda c: ".".join(c.split(".")[:2]),
+    ],
+)
+def test_a_forged_or_malformed_cookie_is_no_login(forge: object) -> None:
+    keys = ConsoleKeys(TOKEN)
+    assert callable(forge)
+    assert keys.login(forge(keys.issue(NOW)), NOW) is None
+
+
+def test_csrf_tokens_belong_to_one_login_and_are_compared_exactly() -> None:
+    keys = ConsoleKeys(TOKEN)
+    first, second = keys.login(keys.issue(NOW), NOW), keys.login(keys.issue(NOW), NOW)
+    assert first is not None and second is not None
+    token = keys.csrf(first)
+    assert TOKEN not in token
+    assert keys.csrf_ok(first, token)
+    assert not keys.csrf_ok(second, token)
+    assert not keys.csrf_ok(first, None) and not keys.csrf_ok(first, "") and not keys.csrf_ok(first, token.upper())
+    nonce = keys.login_nonce()
+    assert keys.login_csrf_ok(nonce, keys.login_csrf(nonce))
+    assert not keys.login_csrf_ok(None, keys.login_csrf(nonce))
+    assert not keys.login_csrf_ok(keys.login_nonce(), keys.login_csrf(nonce))
+
+
+def test_the_token_matches_exactly() -> None:
+    keys = ConsoleKeys(TOKEN)
+    assert keys.token_matches(TOKEN) and keys.token_matches(f" {TOKEN}\n")
+    assert not keys.token_matches(TOKEN[:-1]) and not keys.token_matches(TOKEN + "x") and not keys.token_matches("")
+
+
+@pytest.mark.parametrize(
+    ("headers", "allowed"),
+    [
+        ({"origin": "http://127.0.0.1:8080", "host": "127.0.0.1:8080"}, True),
+        ({"origin": "https://127.0.0.1:8080", "host": "127.0.0.1:8080"}, False),
+        ({"origin": "http://evil.example", "host": "127.0.0.1:8080"}, False),
+        ({"origin": "null", "host": "127.0.0.1:8080"}, False),
+        ({"origin": "http://127.0.0.1:8080"}, False),
+        ({"host": "127.0.0.1:8080"}, True),  # not a browser: the CSRF token decides
+        ({"host": "127.0.0.1:8080", "sec-fetch-site": "cross-site"}, False),
+        ({"host": "127.0.0.1:8080", "sec-fetch-site": "same-site"}, False),
+    ],
+)
+def test_the_origin_rule(headers: dict[str, str], allowed: bool) -> None:
+    assert same_origin(headers, "http") is allowed
+
+
+def test_paging_shows_the_last_page_by_default_and_clamps() -> None:
+    items = list(range(120))
+    last = paginate(items, None, 50)
+    assert (last.number, last.count, last.items[0], last.first_index, last.next, last.previous) == (
+        3,
+        3,
+        100,
+        100,
+        None,
+        2,
+    )
+    assert paginate(items, 1, 50).items == list(range(50))
+    assert paginate(items, 99, 50).number == 3
+    assert paginate(items, 0, 50).number == 1
+    empty = paginate([], None, 50)
+    assert (empty.number, empty.count, empty.items) == (1, 1, [])
+    assert [page_number(t) for t in ("2", "0", "-1", "x", "²", None)] == [2, None, None, None, None, None]
+
+
+@pytest.mark.parametrize(
+    ("target", "landing"),
+    [
+        ("/console/sessions", "/console/sessions"),
+        ("//evil.example/console/", "/console/"),
+        ("https://evil.example/", "/console/"),
+        ("/console\\@evil", "/console/"),
+        ("/consolexyz", "/console/"),
+        (None, "/console/"),
+    ],
+)
+def test_a_login_goes_on_only_to_a_console_page(target: str | None, landing: str) -> None:
+    assert _local_next(target) == landing
+
+
+def test_templates_escape_what_they_show() -> None:
+    html = (
+        environment()
+        .get_template("error.html")
+        .render(csrf="", logged_in=False, notice=None, active="", status_code=400, message="<script>alert(1)</script>")
+    )
+    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;" in html
