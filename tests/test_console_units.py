@@ -3,8 +3,17 @@ rule, paging — without a daemon or a browser (tests/test_e2e_console.py drives
 
 from __future__ import annotations
 
-import pytest
+from typing import cast
 
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.testclient import TestClient
+
+from agentd.api import CONSOLE_LISTENER, CONSOLE_PATH, BearerAuth, Service, build_waiting_app
+from agentd.console import build_console
 from agentd.console.auth import CLOCK_SKEW, SESSION_MAX_AGE, ConsoleKeys, same_origin
 from agentd.console.pages import environment, page_number, paginate
 from agentd.console.routes import _local_next
@@ -126,3 +135,40 @@ def test_templates_escape_what_they_show() -> None:
         .render(csrf="", logged_in=False, notice=None, active="", status_code=400, message="<script>alert(1)</script>")
     )
     assert "<script>alert(1)</script>" not in html and "&lt;script&gt;" in html
+
+
+# --------------------------------------------------------------------------- where the console is served
+
+
+def _console_probe() -> Starlette:
+    """An app that says whether a request reached it marked as the TCP listener's console request."""
+
+    async def probe(request: Request) -> Response:
+        return PlainTextResponse("tcp" if request.scope.get(CONSOLE_LISTENER) else "unmarked")
+
+    return Starlette(routes=[Route("/{rest:path}", probe, methods=["GET", "POST"])])
+
+
+def test_bearer_auth_passes_only_console_paths_without_the_token_and_marks_them() -> None:
+    inner = Starlette(routes=[Mount(CONSOLE_PATH, app=_console_probe())])
+    with TestClient(BearerAuth(inner, TOKEN)) as client:
+        assert client.get("/console/").text == "tcp"
+        assert client.post("/console/reloads").text == "tcp"
+        assert client.get("/v1/status").status_code == 401
+        assert client.get("/consolex").status_code == 401  # only the console's own prefix
+    with TestClient(inner) as unix:  # the unix socket's app: no BearerAuth, so never marked
+        assert unix.get("/console/").text == "unmarked"
+
+
+def test_the_console_refuses_requests_that_did_not_come_through_the_tcp_listener() -> None:
+    with TestClient(build_console(cast(Service, object()), TOKEN)) as client:
+        answer = client.get("/login")
+        assert answer.status_code == 404 and "csrf" not in answer.text
+
+
+def test_while_the_daemon_waits_for_its_store_the_console_answers_503() -> None:
+    app = BearerAuth(build_waiting_app(lambda: "waiting for the store: down"), TOKEN)
+    with TestClient(app) as client:
+        for path in ("/console/", "/console/login", "/console/sessions/s_1"):
+            answer = client.get(path)
+            assert answer.status_code == 503 and answer.json()["error"]["code"] == "store_unavailable"

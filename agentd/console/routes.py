@@ -129,13 +129,14 @@ def build_console(service: Service, token: str) -> ASGIApp:
         )
         return render(request, "error.html", code=status, login=login, active="", status_code=status, message=message)
 
-    def page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        """A route behind the login; a POST also behind the Origin and CSRF checks."""
+    def page(handler: Handler, *, stream: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        """A route behind the login; a POST also behind the Origin and CSRF checks. Without a login
+        a page redirects to the login form; a POST or an event ``stream`` is 401."""
 
         async def guarded(request: Request) -> Response:
             login = keys.login(request.cookies.get(COOKIE), time.time())
             if login is None:
-                if request.method == "GET" and "text/event-stream" not in request.headers.get("accept", ""):
+                if request.method == "GET" and not stream:
                     return RedirectResponse(f"{CONSOLE_PATH}/login?{urlencode({'next': request.url.path})}", 303)
                 return refuse(request, 401, "not logged in (or the login expired): log in again", None)
             form = FormData()
@@ -324,7 +325,7 @@ def build_console(service: Service, token: str) -> ASGIApp:
         Route("/sessions/{id}", page(session), methods=["GET"]),
         Route("/sessions/{id}/messages", page(send_message), methods=["POST"]),
         Route("/sessions/{id}/cancel", page(cancel), methods=["POST"]),
-        Route("/sessions/{id}/events", page(session_events), methods=["GET"]),
+        Route("/sessions/{id}/events", page(session_events, stream=True), methods=["GET"]),
         Route("/reloads", page(reloads), methods=["GET"]),
         Route("/reloads", page(reload), methods=["POST"]),
         Mount("/static", app=StaticFiles(packages=[("agentd.console", "static")]), name="static"),
