@@ -23,6 +23,7 @@ __all__ = [
     "SESSION_STATES",
     "TRANSCRIPT_PAGE",
     "TURNS_PAGE",
+    "TURN_COLUMNS",
     "NavItem",
     "Paged",
     "environment",
@@ -39,6 +40,23 @@ TRANSCRIPT_PAGE = 50
 TURNS_PAGE = 20
 #: The states the sessions list filters by (the store's, ``GET /v1/sessions?state=``).
 SESSION_STATES = ("idle", "running", "failed", "closed")
+
+
+#: The columns of a session's turns table: (name, heading). ``templates/session.html`` renders a
+#: ``td.col-<name>`` for each; ``static/console.js`` fills a live row's cells by name.
+TURN_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("turn", "turn"),
+    ("status", "status"),
+    ("models", "models"),
+    ("steps", "steps"),
+    ("restarts", "restarts"),
+    ("input_tokens", "input tokens"),
+    ("output_tokens", "output tokens"),
+    ("started", "started"),
+    ("ended", "ended"),
+    ("discarded", "discarded runs"),
+    ("error", "error"),
+)
 
 
 class NavItem(msgspec.Struct, frozen=True):
@@ -111,4 +129,5 @@ def environment() -> jinja2.Environment:
     env.filters["pretty_json"] = pretty_json
     env.filters["iso"] = iso
     env.globals["NAV"] = NAV
+    env.globals["turn_columns"] = TURN_COLUMNS
     return env

@@ -56,47 +56,46 @@ function entryElement(e) {
   return li;
 }
 
+// A turn's row in the turns table, made from the table's headings (th[data-col]) if it is new.
 function turnRow(turnId) {
-  const body = document.querySelector("#turns tbody");
-  if (!body) return null;
+  const table = document.getElementById("turns");
+  if (!table) return null;
+  const body = table.tBodies[0];
   let row = body.querySelector('tr[data-turn="' + CSS.escape(turnId) + '"]');
   if (!row) {
     const none = body.querySelector("tr.none");
     if (none) none.remove();
     row = element("tr");
     row.dataset.turn = turnId;
-    for (let i = 0; i < 11; i++) row.append(element("td"));
-    row.cells[0].textContent = turnId;
-    row.cells[1].className = "status";
+    for (const heading of table.querySelectorAll("th[data-col]")) row.append(element("td", "col-" + heading.dataset.col));
     body.prepend(row);
   }
   return row;
+}
+
+function cell(row, name) {
+  return row.querySelector("td.col-" + name) || element("td");
 }
 
 function setTurn(turnId, data) {
   const row = turnRow(turnId);
   if (!row) return;
   const status = data.status || "pending";
-  row.cells[1].textContent = status;
-  row.cells[1].className = "status status-" + status;
-  if (data.models) row.cells[2].textContent = data.models.join(", ");
-  if (data.steps !== undefined) row.cells[3].textContent = data.steps;
-  if (data.restarts !== undefined) row.cells[4].textContent = data.restarts;
+  cell(row, "turn").textContent = turnId;
+  cell(row, "status").textContent = status;
+  cell(row, "status").className = "col-status status status-" + status;
+  if (data.models) cell(row, "models").textContent = data.models.join(", ");
+  if (data.steps !== undefined) cell(row, "steps").textContent = data.steps;
+  if (data.restarts !== undefined) cell(row, "restarts").textContent = data.restarts;
   if (data.usage) {
-    row.cells[5].textContent = data.usage.input_tokens;
-    row.cells[6].textContent = data.usage.output_tokens;
-  }
-  if (data.started_at) {
-    const t = element("time", null, data.started_at);
-    t.setAttribute("datetime", data.started_at);
-    row.cells[7].replaceChildren(t);
-    localizeTimes(row);
+    cell(row, "input_tokens").textContent = data.usage.input_tokens;
+    cell(row, "output_tokens").textContent = data.usage.output_tokens;
   }
   if (data.discarded) {
-    row.cells[9].replaceChildren(...(data.discarded.length ? data.discarded.map((d) =>
+    cell(row, "discarded").replaceChildren(...(data.discarded.length ? data.discarded.map((d) =>
       element("div", "discarded", d.model + ": " + d.steps + " step(s) — " + d.reason)) : [document.createTextNode("—")]));
   }
-  if (data.error !== undefined) row.cells[10].textContent = data.error || "";
+  if (data.error !== undefined) cell(row, "error").textContent = data.error || "";
 }
 
 function summary(name, data) {
