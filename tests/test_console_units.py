@@ -3,6 +3,9 @@ rule, paging — without a daemon or a browser (tests/test_e2e_console.py drives
 
 from __future__ import annotations
 
+import tomllib
+from fnmatch import fnmatch
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -172,3 +175,14 @@ def test_while_the_daemon_waits_for_its_store_the_console_answers_503() -> None:
         for path in ("/console/", "/console/login", "/console/sessions/s_1"):
             answer = client.get(path)
             assert answer.status_code == 503 and answer.json()["error"]["code"] == "store_unavailable"
+
+
+def test_every_console_asset_ships_in_the_wheel() -> None:
+    """pyproject's package-data globs cover every template and static file (none is fetched from elsewhere)."""
+    root = Path(__file__).resolve().parent.parent
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["agentd"]
+    package = root / "agentd"
+    assets = [p for d in ("templates", "static") for p in (package / "console" / d).iterdir() if p.is_file()]
+    assert assets
+    unshipped = [p for p in assets if not any(fnmatch(str(p.relative_to(package)), g) for g in globs)]
+    assert unshipped == []
