@@ -164,8 +164,11 @@ class Watched:
         self.page.on("requestfailed", self._failed)
 
     def _failed(self, request: Any) -> None:
-        # An event stream is cut when its page is left: that is not a failure of the page.
-        if not request.url.endswith("/events"):
+        # A page being left cuts its event stream and aborts the script's fetch in flight: not failures.
+        left = request.url.endswith("/events") or (
+            urlsplit(request.url).path.endswith("/update") and request.failure == "net::ERR_ABORTED"
+        )
+        if not left:
             self.errors.append(f"request failed: {request.url}: {request.failure}")
 
     def goto(self, path: str) -> Any:
@@ -286,6 +289,10 @@ def test_a_reply_streams_in_without_a_reload(watched: Watched, console: Console,
         expect(page.locator(f'#turns tr[data-turn="{turn}"] .status')).to_have_text("completed")
         expect(page.locator("#transcript .role-assistant").last).to_contain_text("You said: tell me slowly")
         expect(page.locator("#transcript .role-assistant .model").last).to_have_text("echo-small")
+        expect(page.locator("#transcript .role-user")).to_contain_text("tell me slowly")  # the turn's input too
+        expect(page.locator("#entry-count")).to_have_text("2")
+        # The finished row is the server's own, its times in the browser's zone.
+        expect(page.locator(f'#turns tr[data-turn="{turn}"] .col-ended time')).not_to_have_text(re.compile(r"Z$"))
         expect(page.locator("#live-log")).to_contain_text("step 1 done")
         expect(page.locator("#live-log")).to_contain_text("turn done: completed")
         expect(page.locator("#cancel-form")).to_be_hidden()

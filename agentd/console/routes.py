@@ -22,7 +22,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -129,15 +129,16 @@ def build_console(service: Service, token: str) -> ASGIApp:
         )
         return render(request, "error.html", code=status, login=login, active="", status_code=status, message=message)
 
-    def page(handler: Handler, *, stream: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    def page(handler: Handler, *, script: bool = False) -> Callable[[Request], Awaitable[Response]]:
         """A route behind the login; a POST also behind the Origin and CSRF checks. Without a login
-        a page redirects to the login form; a POST or an event ``stream`` is 401."""
+        a page redirects to the login form; a POST or what the ``script`` reads is 401."""
 
         async def guarded(request: Request) -> Response:
             login = keys.login(request.cookies.get(COOKIE), time.time())
             if login is None:
-                if request.method == "GET" and not stream:
-                    return RedirectResponse(f"{CONSOLE_PATH}/login?{urlencode({'next': request.url.path})}", 303)
+                if request.method == "GET" and not script:
+                    asked = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                    return RedirectResponse(f"{CONSOLE_PATH}/login?{urlencode({'next': asked})}", 303)
                 return refuse(request, 401, "not logged in (or the login expired): log in again", None)
             form = FormData()
             if request.method == "POST":
@@ -282,6 +283,27 @@ def build_console(service: Service, token: str) -> ASGIApp:
     async def session_events(request: Request, login: ConsoleLogin, form: FormData) -> Response:
         return await event_stream(service, request.path_params["id"])
 
+    async def session_update(request: Request, login: ConsoleLogin, form: FormData) -> Response:
+        """What a session page's script adds when a turn ends: the entries after ``?after=`` (a seq)
+        and the row of ``?turn=``, rendered by the page's own templates."""
+        view = await service.get_session(request.path_params["id"])
+        query = request.query_params
+        after = page_number(query.get("after")) or 0
+        new = [e for e in view.transcript if e.seq > after]
+        shown = new[:TRANSCRIPT_PAGE]
+        turn = next((t for t in view.turns if t.id == query.get("turn")), None)
+        entry, row = env.get_template("entry.html"), env.get_template("turn_row.html")
+        return JSONResponse(
+            {
+                "entries": "".join(entry.render(e=e) for e in shown),
+                "more": len(new) > len(shown),
+                "total": len(view.transcript),
+                "turn": row.render(t=turn) if turn is not None else "",
+                "state": view.state,
+            },
+            headers={"Cache-Control": "no-store"},
+        )
+
     async def reloads(request: Request, login: ConsoleLogin, form: FormData) -> Response:
         history = await service.reloads(RELOADS_SHOWN)
         status = await service.status()
@@ -325,7 +347,8 @@ def build_console(service: Service, token: str) -> ASGIApp:
         Route("/sessions/{id}", page(session), methods=["GET"]),
         Route("/sessions/{id}/messages", page(send_message), methods=["POST"]),
         Route("/sessions/{id}/cancel", page(cancel), methods=["POST"]),
-        Route("/sessions/{id}/events", page(session_events, stream=True), methods=["GET"]),
+        Route("/sessions/{id}/events", page(session_events, script=True), methods=["GET"]),
+        Route("/sessions/{id}/update", page(session_update, script=True), methods=["GET"]),
         Route("/reloads", page(reloads), methods=["GET"]),
         Route("/reloads", page(reload), methods=["POST"]),
         Mount("/static", app=StaticFiles(packages=[("agentd.console", "static")]), name="static"),

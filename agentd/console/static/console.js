@@ -19,43 +19,6 @@ function element(tag, className, text) {
   return el;
 }
 
-// One transcript entry, as templates/entry.html renders it.
-function entryElement(e) {
-  const li = element("li", "entry role-" + e.role);
-  li.id = "e" + e.seq;
-  li.dataset.seq = e.seq;
-  const meta = element("div", "meta");
-  meta.append(element("span", "role", e.role));
-  if (e.name) meta.append(element("span", "name", e.name));
-  if (e.model) meta.append(element("span", "model", e.model));
-  if (e.assistant) meta.append(element("span", "assistant", e.assistant));
-  if (e.turn) meta.append(element("span", "turn", e.turn));
-  if (e.tool_call_id) meta.append(element("span", "call", e.tool_call_id));
-  if (e.is_error) meta.append(element("span", "flag error", "error"));
-  if (e.replayed) meta.append(element("span", "flag", "replayed"));
-  if (e.outcome_unknown) meta.append(element("span", "flag", "outcome unknown"));
-  meta.append(element("span", "seq", "#" + e.seq));
-  li.append(meta);
-  if (e.thinking) {
-    const details = element("details", "thinking");
-    details.append(element("summary", null, "thinking"), element("pre", null, e.thinking));
-    li.append(details);
-  }
-  if (e.content) li.append(element("pre", "content", e.content));
-  if (e.images && e.images.length) li.append(element("p", "muted", e.images.length + " image(s)"));
-  if (e.tool_calls && e.tool_calls.length) {
-    const calls = element("ul", "calls");
-    for (const call of e.tool_calls) {
-      const item = element("li", "call");
-      item.append(element("span", "tool", call.name), " ", element("span", "muted", call.id));
-      item.append(element("pre", null, JSON.stringify(call.arguments || {}, null, 2)));
-      calls.append(item);
-    }
-    li.append(calls);
-  }
-  return li;
-}
-
 // A turn's row in the turns table, made from the table's headings (th[data-col]) if it is new.
 function turnRow(turnId) {
   const table = document.getElementById("turns");
@@ -98,6 +61,45 @@ function setTurn(turnId, data) {
   if (data.error !== undefined) cell(row, "error").textContent = data.error || "";
 }
 
+function setState(state) {
+  const el = document.getElementById("state");
+  if (el) { el.textContent = state; el.className = "state-" + state; }
+}
+
+// A turn ended: its entries and its row, as the server renders them (templates/entry.html,
+// turn_row.html), from /console/sessions/{id}/update. New entries join the transcript only on
+// its last page; elsewhere a link to it appears.
+async function refresh(live, turnId) {
+  const transcript = document.getElementById("transcript");
+  const lastPage = transcript && transcript.dataset.lastPage === "true";
+  const shown = transcript ? transcript.querySelectorAll("li.entry") : [];
+  const after = shown.length ? shown[shown.length - 1].dataset.seq : (lastPage ? "0" : "999999999");
+  const url = live.update + "?after=" + encodeURIComponent(after) + "&turn=" + encodeURIComponent(turnId);
+  let update;
+  try {
+    const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!response.ok) { live.connection.textContent = "(reload the page to see the newest entries)"; return; }
+    update = await response.json();
+  } catch (error) {
+    live.connection.textContent = "(reload the page to see the newest entries)";
+    return;
+  }
+  if (lastPage && update.entries) {
+    transcript.insertAdjacentHTML("beforeend", update.entries);
+    localizeTimes(transcript);
+  }
+  if (!lastPage || update.more) document.getElementById("newer").hidden = false;
+  const count = document.getElementById("entry-count");
+  if (count) count.textContent = update.total;
+  if (update.turn) {
+    const row = turnRow(turnId);
+    row.insertAdjacentHTML("afterend", update.turn);
+    row.remove();
+    localizeTimes(document.getElementById("turns"));
+  }
+  setState(update.state);
+}
+
 function summary(name, data) {
   switch (name) {
     case "turn.started": return "turn started on " + data.model;
@@ -128,8 +130,7 @@ const HANDLERS = {
     setTurn(data.turn, { status: "pending" });
     const cancel = document.getElementById("cancel-form");
     if (cancel) cancel.hidden = false;
-    const state = document.getElementById("state");
-    if (state) { state.textContent = "running"; state.className = "state-running"; }
+    setState("running");
   },
   // Token deltas of the reply being written: appended as they come, replaced by the entries at turn.done.
   "delta": (live, data) => {
@@ -143,23 +144,13 @@ const HANDLERS = {
     live.status.textContent = "Turn " + data.turn + " ended " + data.status + ".";
     live.stream.hidden = true;
     setTurn(data.turn, data);
-    const transcript = document.getElementById("transcript");
-    const messages = data.messages || [];
-    if (transcript && transcript.dataset.lastPage === "true") {
-      for (const e of messages) {
-        if (!document.getElementById("e" + e.seq)) transcript.append(entryElement(e));
-      }
-    } else if (messages.length) {
-      document.getElementById("newer").hidden = false;
-    }
     const cancel = document.getElementById("cancel-form");
     if (cancel) cancel.hidden = true;
-    const state = document.getElementById("state");
-    if (state) { state.textContent = "idle"; state.className = "state-idle"; }
+    refresh(live, data.turn);
   },
-  "session.failed": (live) => {
-    const state = document.getElementById("state");
-    if (state) { state.textContent = "failed"; state.className = "state-failed"; }
+  "session.failed": (live, data) => {
+    setState("failed");
+    if (data.turn) refresh(live, data.turn);
   },
 };
 
@@ -169,6 +160,7 @@ function watchSession(section) {
     stream: document.getElementById("streaming"),
     log: document.getElementById("live-log"),
     connection: document.getElementById("stream-status"),
+    update: section.dataset.update,
   };
   const source = new EventSource(section.dataset.events);
   source.onopen = () => { live.connection.textContent = "(live)"; };
