@@ -562,3 +562,19 @@ def test_every_replica_serves_the_console_with_one_login_and_relayed_live_events
                 client.close()
             for daemon in started:
                 daemon.stop()
+
+
+def test_the_forms_work_from_the_keyboard_alone(watched: Watched, console: Console) -> None:
+    page = watched.page
+    watched.goto("/console/")
+    page.keyboard.type(TOKEN)  # the token field has the focus
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{console.base}/console/")
+    watched.goto("/console/reloads")
+    for _ in range(12):  # Tab through the page to the reload button
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.id") == "reload":
+            break
+    assert page.evaluate("document.activeElement.id") == "reload"
+    page.keyboard.press("Enter")
+    expect(page.locator(".notice")).to_contain_text("Reload applied")
