@@ -68,6 +68,13 @@ LOG_TURN_BEGIN_RECOVERED: Final = "turn.begin_recovered"
 LOG_SESSION_CREATE_RECOVERED: Final = "session.create_recovered"  # a create whose answer was lost had landed
 LOG_TOOL_REPLAYED: Final = "tool.replayed"
 LOG_CONFIG_RELOAD: Final = "config.reload"
+# The reload history (GET /v1/reloads) could not be written; the reload itself stands.
+LOG_CONFIG_RELOAD_UNRECORDED: Final = "config.reload_unrecorded"
+# The console (agentd/console): a login refused (wrong token), a state-changing request refused
+# (CSRF token or Origin), a console action done (cancel, reload, message, approve …).
+LOG_CONSOLE_LOGIN_REFUSED: Final = "console.login_refused"
+LOG_CONSOLE_REFUSED: Final = "console.refused"
+LOG_CONSOLE_ACTION: Final = "console.action"
 LOG_CONFIG_WATCH: Final = "config.watch"  # --watch-config saw the file change; a reload follows
 LOG_PROTOCOL_ERROR: Final = "protocol.error"
 LOG_CHILD_READY: Final = "child.ready"

@@ -30,6 +30,7 @@ __all__ = [
     "PostMessage",
     "Readiness",
     "ReloadResult",
+    "ReloadView",
     "ReplicaView",
     "SessionCounts",
     "SessionSummary",
@@ -240,6 +241,20 @@ class ReloadResult(_Body, kw_only=True):
     restart_required: list[str] = []
     swapped_sessions: list[str] = []  # at most 100 ids; swapped_total counts them all
     swapped_total: int = 0
+
+
+class ReloadView(_Body, kw_only=True):
+    """One reload of the history (``GET /v1/reloads``): the generation it left running, when (ISO
+    8601 UTC), whether it was applied or refused with ``errors``, the changed field paths, how
+    many sessions it swapped, and the replica that ran it."""
+
+    generation: int
+    at: str
+    applied: bool
+    errors: list[ConfigIssue] = []
+    changed: list[str] = []
+    swapped_total: int = 0
+    replica: str = ""
 
 
 class MessageResult(_Body, kw_only=True):

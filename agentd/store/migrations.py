@@ -40,6 +40,10 @@ Versions:
    its answer once given; until ``expires_at`` (epoch seconds by the store's clock), after which
    claims delete it. ``turns_id``: a turn is found by its id alone (the OpenAI-compatible routes
    name a response by its turn).
+9. ``reloads``: the reload history (RFC 0000 §6, ``GET /v1/reloads``), one row per reload a
+   replica ran — the generation it left running, when, applied or not, its errors and changed
+   paths (JSON lists), how many sessions it swapped, which replica. Bounded: each insert deletes
+   the rows older than the newest 1000 (``n``, the insertion order).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from __future__ import annotations
 __all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -161,6 +165,20 @@ SQLITE: dict[int, tuple[str, ...]] = {
         """,
         "CREATE INDEX idempotency_expires ON idempotency (expires_at)",
         "CREATE INDEX turns_id ON turns (id)",
+    ),
+    9: (
+        """
+        CREATE TABLE reloads (
+            n              INTEGER PRIMARY KEY,
+            generation     INTEGER NOT NULL,
+            at             REAL NOT NULL,
+            applied        INTEGER NOT NULL CHECK (applied IN (0, 1)),
+            errors         TEXT NOT NULL DEFAULT '[]',
+            changed        TEXT NOT NULL DEFAULT '[]',
+            swapped_total  INTEGER NOT NULL DEFAULT 0,
+            replica        TEXT NOT NULL DEFAULT ''
+        )
+        """,
     ),
 }
 
@@ -277,5 +295,19 @@ POSTGRES: dict[int, tuple[str, ...]] = {
         """,
         "CREATE INDEX idempotency_expires ON idempotency (expires_at)",
         "CREATE INDEX turns_id ON turns (id)",
+    ),
+    9: (
+        """
+        CREATE TABLE reloads (
+            n              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            generation     BIGINT NOT NULL,
+            at             DOUBLE PRECISION NOT NULL,
+            applied        BOOLEAN NOT NULL,
+            errors         TEXT NOT NULL DEFAULT '[]',
+            changed        TEXT NOT NULL DEFAULT '[]',
+            swapped_total  BIGINT NOT NULL DEFAULT 0,
+            replica        TEXT NOT NULL DEFAULT ''
+        )
+        """,
     ),
 }

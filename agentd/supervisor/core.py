@@ -38,7 +38,16 @@ from agentd.supervisor.runner import TurnRunner
 from agentd.supervisor.running import Running
 from agentd.supervisor.session import EventItem, SessionTable
 from agentd.supervisor.turns import Turns
-from agentd.views import Accepted, MessageResult, PostMessage, ReloadResult, SessionSummary, SessionView, StatusView
+from agentd.views import (
+    Accepted,
+    MessageResult,
+    PostMessage,
+    ReloadResult,
+    ReloadView,
+    SessionSummary,
+    SessionView,
+    StatusView,
+)
 
 __all__ = ["Supervisor"]
 
@@ -70,7 +79,9 @@ class Supervisor:
             env=self.running.child_env,
             owner=self.runner,
         )
-        self.reloader = Reloader(running=self.running, store=store, sessions=self.sessions, pool=self.pool)
+        self.reloader = Reloader(
+            running=self.running, store=store, sessions=self.sessions, pool=self.pool, replica=self.membership.name
+        )
         self.turns = Turns(
             store=store,
             running=self.running,
@@ -198,9 +209,15 @@ class Supervisor:
             assistant_name, session_id=session_id, resumed=resumed, seeded=seeded, opener=opener
         )
 
-    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]:
+    async def list_sessions(
+        self, *, limit: int = 100, after: str | None = None, state: str | None = None, assistant: str | None = None
+    ) -> list[SessionSummary]:
         """One page of sessions (``Operations.list_sessions``)."""
-        return await self.operations.list_sessions(limit=limit, after=after)
+        return await self.operations.list_sessions(limit=limit, after=after, state=state, assistant=assistant)
+
+    async def reloads(self, limit: int = 100) -> list[ReloadView]:
+        """The reload history, newest first (``Operations.reloads``)."""
+        return await self.operations.reloads(limit)
 
     async def get_session(self, session_id: str) -> SessionView:
         """The session with its transcript (``Operations.get_session``)."""
