@@ -26,6 +26,11 @@ STEP_STARTED: Final = "step.started"
 INTEL_WAITING: Final = "intel.waiting"
 # ... until a model call succeeds again.
 INTEL_RECOVERED: Final = "intel.recovered"
+# A step's text as the model writes it (coalesced); concatenated per (turn, run, step) it is the
+# step's content (RFC 0005 §7).
+DELTA: Final = "delta"
+# Discard the step's deltas so far: its model call is retried or failed over after text went out.
+STEP_RESET: Final = "step.reset"
 
 SESSION_EVENTS: Final = frozenset(
     {
@@ -42,6 +47,8 @@ SESSION_EVENTS: Final = frozenset(
         SESSION_FAILED,
         INTEL_WAITING,
         INTEL_RECOVERED,
+        DELTA,
+        STEP_RESET,
     }
 )
 

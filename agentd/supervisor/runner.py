@@ -205,6 +205,9 @@ class TurnRunner:
                 message=turn.message,
                 started_at=turn.budget_start,
                 watched=runtime.watched or self.watched_elsewhere(runtime.id),
+                # Every earlier run — on a child that died, or thrown away by restart-turn — is void
+                # for clients; this one streams under the next number (RFC 0005 §7).
+                run=turn.runs - 1 + turn.discards,
                 journal=journal,
             )
             await child.send(frame)
@@ -449,6 +452,8 @@ class TurnRunner:
             return
         match frame:
             case Event(name=name, turn=turn, data=data):
+                if name in (events.DELTA, events.STEP_RESET):
+                    self.metrics.delta_frames.labels(event=name).inc()
                 if name in (events.INTEL_WAITING, events.INTEL_RECOVERED):
                     runtime.intel_waiting = name == events.INTEL_WAITING
                 if runtime.backlog is not None:  # after a TurnDone being committed: keep the order
@@ -467,6 +472,7 @@ class TurnRunner:
                 )
                 if runtime.pending is not None and runtime.pending.id == turn:
                     runtime.pending.budget_start = time.time()  # restart-turn re-runs with a fresh budget
+                    runtime.pending.discards += 1
             case JournalStart() | JournalFinish():
                 assert self._tg is not None
                 # Written in a task of its own (the child's other frames keep flowing), counted on the

@@ -54,6 +54,7 @@ class PendingTurn:
     lost: anyio.Event = field(default_factory=anyio.Event)  # that child ended before the turn did
     crashed: bool = False  # ... and it was a crash (not a stop the pool asked for)
     runs: int = 0  # how many times it was delivered to a child
+    discards: int = 0  # attempts its children threw away (restart-turn): each was a run of its own
     # Accepted by this process just now (not resumed or adopted from the store): before its first
     # run nothing can have been journaled for it, so that run reads no journal.
     fresh: bool = False
