@@ -14,6 +14,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -266,3 +268,97 @@ def test_a_failover_after_text_went_out_is_announced_by_step_reset(tmp_path: Pat
         assert streamed[(0, 1)]["content"] == answer
         assert assistant_contents(daemon, session, turn) == [answer]
         assert healthy.chat_requests and dying.chat_requests[0].outcome == "drop"
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+class Output:
+    """A CLI process's stdout, read on a thread as it comes."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+        self.data = b""
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        while chunk := self.process.stdout.read1(4096):
+            self.data += chunk
+
+    def text(self) -> str:
+        return self.data.decode()
+
+    def finish(self) -> tuple[int, str]:
+        try:
+            code = self.process.wait(timeout=60)
+            self._thread.join(10)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            assert self.process.stdout is not None
+            self.process.stdout.close()
+        return code, self.text()
+
+
+def cli(daemon: Daemon, *args: str, stdin: bytes | None = None) -> Output:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentd", *args],
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**daemon.env, "AGENTD_STATE_DIR": str(daemon.state_dir)},
+        cwd=daemon.tmp,
+    )
+    if stdin is not None:
+        assert process.stdin is not None
+        process.stdin.write(stdin)
+        process.stdin.close()
+    return Output(process)
+
+
+def test_agentd_send_prints_text_as_it_streams(tmp_path: Path) -> None:
+    midway = threading.Event()
+    answer = "Printed in two halves: this one first, and this one once the server lets go."
+    with (
+        FakeOllama(default=Reply(content=answer, pieces=10, midway=midway, midway_after=4)) as server,
+        running_daemon(tmp_path, http_config("ollama", [server.url])) as daemon,
+    ):
+        try:
+            output = cli(daemon, "send", "--stream", "go")
+            wait_until(lambda: output.text(), "the first streamed text on stdout")
+            assert answer.startswith(output.text()) and output.text() != answer
+            assert server.chat_requests[0].finished_at is None  # the rest is still held by the server
+        finally:
+            midway.set()
+        code, text = output.finish()
+        assert code == 0
+        assert text == answer + "\n"  # streamed once, not printed again at the end
+
+
+def test_agentd_chat_marks_text_taken_back_by_a_failover(tmp_path: Path) -> None:
+    midway = threading.Event()
+    partial = Reply(content="doomed words that the failover takes back", pieces=8, midway=midway)
+    answer = "the answer that stands"
+    with (
+        FakeOpenAI(default=Reply(content=answer)) as dying,
+        FakeOpenAI(default=Reply(content=answer, pieces=4)) as healthy,
+        running_daemon(
+            tmp_path, http_config("openai", [dying.url, healthy.url]), env={"STREAM_TEST_KEY": "k"}
+        ) as daemon,
+    ):
+        dying.script(Fault("drop", after=4, reply=partial))
+        try:
+            output = cli(daemon, "chat", stdin=b"fail over please\n")
+            wait_until(lambda: "doomed" in output.text(), "the doomed text on stdout")
+        finally:
+            midway.set()
+        code, text = output.finish()
+        assert code == 0
+        lines = text.splitlines()
+        doomed = next(i for i, line in enumerate(lines) if line.startswith("main (fake-model): doomed"))
+        assert lines[doomed + 1].startswith("  [discarded: ")
+        assert lines[doomed + 2] == f"main (fake-model): {answer}"
+        assert sum(answer in line for line in lines) == 1  # the reply streamed; not printed twice
