@@ -58,6 +58,9 @@ __all__ = ["ROUTES", "STATUS", "BearerAuth", "Service", "SwitchableApp", "build_
 log = get_logger("api")
 
 SSE_KEEPALIVE_SECONDS = 15.0
+# Events already waiting for a subscriber go out in one write, up to this many: a burst (deltas of
+# many sessions' turns) costs one send instead of one per event.
+SSE_BATCH = 64
 DEFAULT_PAGE = 100  # GET /v1/sessions without ?limit=
 MAX_PAGE = 10_000
 
@@ -288,7 +291,20 @@ def build_app(supervisor: Service) -> Starlette:
                         if idle.cancelled_caught:
                             yield b": keep-alive\n\n"
                             continue
-                        yield b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n"
+                        batch = [_sse_event(name, data)]
+                        ended = False
+                        while len(batch) < SSE_BATCH:
+                            try:
+                                name, data = stream.receive_nowait()
+                            except anyio.WouldBlock:
+                                break
+                            except anyio.EndOfStream:
+                                ended = True
+                                break
+                            batch.append(_sse_event(name, data))
+                        yield b"".join(batch)
+                        if ended:
+                            return
             finally:
                 supervisor.unsubscribed(session_id)  # the stream is closed: the session need not stay hot
 
@@ -435,3 +451,8 @@ class BearerAuth:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _sse_event(name: str, data: object) -> bytes:
+    """One session event as SSE bytes (RFC 0000 §7)."""
+    return b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n"
