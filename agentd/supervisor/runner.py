@@ -206,8 +206,10 @@ class TurnRunner:
                 started_at=turn.budget_start,
                 watched=runtime.watched or self.watched_elsewhere(runtime.id),
                 # Every earlier run — on a child that died, or thrown away by restart-turn — is void
-                # for clients; this one streams under the next number (RFC 0005 §7).
-                run=turn.runs - 1 + turn.discards,
+                # for clients; this one streams under the next number (RFC 0005 §7). A turn this
+                # process did not accept (resumed at start-up, adopted from a dead replica) may have
+                # streamed elsewhere before: its runs here count from 1.
+                run=turn.runs - 1 + turn.discards + (0 if turn.fresh else 1),
                 journal=journal,
             )
             await child.send(frame)
