@@ -5,12 +5,13 @@ child's coalescer keeps order and exactness, and the CLI's printer marks text ta
 
 from __future__ import annotations
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentd import events
-from agentd.child.deltas import DeltaBuffer
+from agentd.child.deltas import DeltaBuffer, DeltaStream
 from agentd.cli.streaming import DeltaPrinter
 from agentd.config import Intelligence
 from agentd.intel.base import CompletionRequest
@@ -22,6 +23,7 @@ from agentd.intel.wire import IncompleteStream, split_think
 from agentd.intel.wire_ollama import OllamaStream
 from agentd.intel.wire_openai import OpenAIStream
 from agentd.messages import UserMessage
+from agentd.protocol import Event, Frame
 from tests.fakes.render import OpenAILayout, ollama_records, openai_events
 from tests.fakes.script import Reply
 
@@ -325,3 +327,54 @@ def test_the_printer_writes_deltas_and_marks_what_was_taken_back() -> None:
     assert feed(events.DELTA, _delta(0, 2, "late")) == ""  # a void run's straggler
     assert feed(events.DELTA, _delta(1, 1, "again")) == "bot (m): again"
     assert feed(events.DELTA, _delta(2, 1, "crash")) == "\n  [discarded: the turn re-runs (run 2)]\nbot (m): crash"
+
+
+# --------------------------------------------------------------------------- the child's DeltaStream
+
+
+class _Session:
+    """What DeltaStream needs of a ChildSession: an id, ``watched``, and ``send``."""
+
+    def __init__(self, watched: bool) -> None:
+        self.id = "s"
+        self.watched = watched
+        self.sent: list[Frame] = []
+
+    async def send(self, frame: Frame) -> None:
+        self.sent.append(frame)
+
+
+@pytest.mark.anyio
+async def test_an_unwatched_turn_sends_no_delta_frame() -> None:
+    session = _Session(watched=False)
+    stream = DeltaStream(session, "t")  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stream.run)
+        stream.begin(0, 1, "m")
+        for word in ["nobody ", "is ", "listening"]:
+            stream.content(word)
+        await stream.end_step("nobody is listening", None)
+        stream.close()
+    assert session.sent == [] and stream.frames == 0
+
+
+@pytest.mark.anyio
+async def test_a_subscriber_arriving_mid_step_gets_the_step_text_so_far_then_the_rest_before_step_done() -> None:
+    session = _Session(watched=False)
+    stream = DeltaStream(session, "t")  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stream.run)
+        stream.begin(1, 2, "m")
+        stream.content("said before ")
+        session.watched = True  # a Watch frame arrived
+        stream.content("the watch, ")
+        with anyio.fail_after(10):
+            while not session.sent:
+                await anyio.sleep(0.001)
+        stream.content("and after")
+        await stream.end_step("said before the watch, and after", None)
+        stream.close()
+    frames = [f for f in session.sent if isinstance(f, Event)]
+    assert all(f.name == events.DELTA and f.turn == "t" and f.data["run"] == 1 for f in frames)
+    assert "".join(f.data["content"] for f in frames) == "said before the watch, and after"
+    assert frames[0].data["content"].startswith("said before the watch, ")
