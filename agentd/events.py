@@ -101,6 +101,8 @@ LOG_SESSION_LEASE_LOST: Final = "session.lease_lost"  # another replica took the
 LOG_SESSION_ADOPTED: Final = "session.adopted"  # the failover scan claimed it; its pending turn re-runs here
 LOG_SESSION_RELEASED: Final = "session.released"  # a stopping replica gave its lease up
 LOG_SESSION_ELSEWHERE: Final = "session.elsewhere"  # a message stored here runs on the replica holding the lease
+# The last subscriber of a session with a turn in flight left: its child stops streaming that turn.
+LOG_SESSION_UNWATCHED: Final = "session.unwatched"
 LOG_SESSION_RELAYED: Final = "session.relayed"  # a turn running here streams to another replica's subscribers now
 LOG_SESSION_QUARANTINED: Final = "session.quarantined"  # its turns run on a child of its own now
 LOG_STORE_WAITING: Final = "store.waiting"  # start-up: the store cannot be opened yet; tried again after retry_in

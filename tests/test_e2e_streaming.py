@@ -145,6 +145,23 @@ def test_an_unwatched_session_sends_no_delta_frame(tmp_path: Path) -> None:
         assert delta_frames(daemon) == before
 
 
+def test_a_subscriber_leaving_mid_turn_stops_the_deltas(tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    with running_daemon(tmp_path, scripted_config(options=f'chunk_ms = 1, hold_file = "{hold}"')) as daemon:
+        assert daemon.client is not None
+        session = daemon.new_session()
+        with daemon.client.stream("GET", f"/v1/sessions/{session}/events", timeout=None) as response:
+            turn = daemon.send(session, "said to nobody in the end", wait=False)["turn_id"]
+            for line in response.iter_lines():
+                if line.startswith("event: step.started"):
+                    break  # the model call is in flight (held), watched; now the subscriber leaves
+        daemon.wait_log("session.unwatched", lambda r: r.get("turn") == turn)
+        hold.touch()
+        assert daemon.turn(session, turn)["status"] == "completed"
+        assert delta_frames(daemon) == 0  # watched while held, nothing streamed before it left
+        assert assistant_contents(daemon, session, turn) == ["[streamer] You said: said to nobody in the end"]
+
+
 def test_a_restart_turn_swap_discards_the_run_and_the_rerun_streams_as_the_next(tmp_path: Path) -> None:
     hold = tmp_path / "hold"
     options = f'chunk_ms = 1, hold_file = "{hold}"'
