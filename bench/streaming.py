@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import re
 import socket
 import sys
@@ -43,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
-from swap_latency import cpu_seconds
+from swap_latency import cpu_seconds, loadavg
 from tables import percentile, print_table
 
 from tests.daemon_harness import Daemon
@@ -279,6 +280,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--words", type=int, default=40, help="words of each message the scripted model echoes")
     args = parser.parse_args()
+    began = time.monotonic()
+    print(f"agentd streaming — python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {loadavg()}")
     with tempfile.TemporaryDirectory(prefix="agentd-bench-stream-") as tmp:
         workdir = Path(tmp)
         rows = []
@@ -329,6 +332,7 @@ def main() -> None:
                 ],
             ],
         )
+    print(f"total {time.monotonic() - began:.1f}s; load average {loadavg()}")
 
 
 if __name__ == "__main__":
