@@ -197,6 +197,9 @@ class DeltaStream:
         self._scope.cancel()
 
     async def _send(self, ops: list[DeltaOp]) -> None:
-        for name, data in ops:
-            self.frames += 1
-            await self.session.send(Event(session=self.session.id, turn=self.turn, name=name, data=data))
+        # Shielded: ``close`` (or a Cancel) stops the flusher between frames, never in the middle
+        # of one (a frame cut short would break the channel for every session of the child).
+        with anyio.CancelScope(shield=True):
+            for name, data in ops:
+                self.frames += 1
+                await self.session.send(Event(session=self.session.id, turn=self.turn, name=name, data=data))
