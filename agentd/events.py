@@ -26,6 +26,11 @@ STEP_STARTED: Final = "step.started"
 INTEL_WAITING: Final = "intel.waiting"
 # ... until a model call succeeds again.
 INTEL_RECOVERED: Final = "intel.recovered"
+# A step's text as the model writes it (coalesced); concatenated per (turn, run, step) it is the
+# step's content (RFC 0005 §7).
+DELTA: Final = "delta"
+# Discard the step's deltas so far: its model call is retried or failed over after text went out.
+STEP_RESET: Final = "step.reset"
 
 SESSION_EVENTS: Final = frozenset(
     {
@@ -42,6 +47,8 @@ SESSION_EVENTS: Final = frozenset(
         SESSION_FAILED,
         INTEL_WAITING,
         INTEL_RECOVERED,
+        DELTA,
+        STEP_RESET,
     }
 )
 
@@ -101,6 +108,8 @@ LOG_SESSION_LEASE_LOST: Final = "session.lease_lost"  # another replica took the
 LOG_SESSION_ADOPTED: Final = "session.adopted"  # the failover scan claimed it; its pending turn re-runs here
 LOG_SESSION_RELEASED: Final = "session.released"  # a stopping replica gave its lease up
 LOG_SESSION_ELSEWHERE: Final = "session.elsewhere"  # a message stored here runs on the replica holding the lease
+# The last subscriber of a session with a turn in flight left: its child stops streaming that turn.
+LOG_SESSION_UNWATCHED: Final = "session.unwatched"
 LOG_SESSION_RELAYED: Final = "session.relayed"  # a turn running here streams to another replica's subscribers now
 LOG_SESSION_QUARANTINED: Final = "session.quarantined"  # its turns run on a child of its own now
 LOG_STORE_WAITING: Final = "store.waiting"  # start-up: the store cannot be opened yet; tried again after retry_in

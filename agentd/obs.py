@@ -173,6 +173,12 @@ class Metrics:
         self.turn_reruns = Counter(
             "agentd_turn_reruns", "Turns re-run on another child after theirs ended", registry=self.registry
         )
+        self.delta_frames = Counter(
+            "agentd_delta_frames",
+            "delta and step.reset event frames received from children, by event",
+            ["event"],
+            registry=self.registry,
+        )
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

@@ -171,6 +171,7 @@ def _samples() -> list[Any]:
             message=UserMessage(content="Transfer me to billing", name="alice"),
             started_at=1764583200.5,
             watched=False,
+            run=2,
             journal=[_JOURNALED, JournalEntry(seq=3, call="call-4", tool="refund")],
         ),
         Cancel(session="s-1", turn="t-2"),

@@ -400,6 +400,7 @@ class Operations:
             return
         if not runtime.watched:
             self.membership.unwatched(runtime.id)
+            self.turns.stop_streaming(runtime)
         self.sessions.evict_if_cold(runtime)
 
     async def cancel(self, session_id: str) -> str:
