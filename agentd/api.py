@@ -12,7 +12,9 @@ points at ``build_app``'s once the supervisor serves.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
 import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
@@ -51,6 +53,7 @@ from agentd.views import (
     SessionSummary,
     SessionView,
     StatusView,
+    UsageReport,
 )
 
 __all__ = ["ROUTES", "STATUS", "BearerAuth", "Service", "SwitchableApp", "build_app", "build_waiting_app", "status_of"]
@@ -113,6 +116,7 @@ class Service(Protocol):
     async def create_session(self, assistant_name: str | None) -> SessionView: ...
     async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]: ...
     async def get_session(self, session_id: str) -> SessionView: ...
+    async def usage(self, group_by: str, *, since: float | None, until: float | None) -> UsageReport: ...
     async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted: ...
     async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[tuple[str, dict[str, Any]]]: ...
     def unsubscribed(self, session_id: str) -> None: ...
@@ -206,8 +210,31 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("/v1/sessions/{id}/messages", "POST", "post_message"),
     ("/v1/sessions/{id}/events", "GET", "session_events"),
     ("/v1/sessions/{id}/cancel", "POST", "cancel"),
+    ("/v1/usage", "GET", "usage"),
     ("/metrics", "GET", "metrics"),
 )
+
+_EPOCH = re.compile(r"-?[0-9]{1,12}(\.[0-9]{1,9})?")
+#: What ``GET /v1/usage`` groups by (RFC 0010 §2).
+USAGE_GROUP_BY = ("assistant", "model", "session")
+
+
+def _instant(name: str, text: str | None) -> float | None:
+    """A ``since``/``until`` query parameter: epoch seconds or an ISO 8601 time (UTC unless it says)."""
+    if not text:
+        return None
+    if _EPOCH.fullmatch(text):
+        return float(text)
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise BadInput(
+            f"{name} must be epoch seconds or an ISO 8601 time like 2026-01-31T00:00:00Z, not {text!r}",
+            code="bad_usage_query",
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.timestamp()
 
 
 async def _health(_: Request) -> Response:
@@ -296,6 +323,16 @@ def build_app(supervisor: Service) -> Starlette:
             body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         )
 
+    async def usage(request: Request) -> Response:
+        group_by = request.query_params.get("group_by", "model")
+        if group_by not in USAGE_GROUP_BY:
+            raise BadInput(
+                f"group_by must be one of {', '.join(USAGE_GROUP_BY)}, not {group_by!r}", code="bad_usage_query"
+            )
+        since = _instant("since", request.query_params.get("since"))
+        until = _instant("until", request.query_params.get("until"))
+        return JSONResponse(await supervisor.usage(group_by, since=since, until=until))
+
     async def metrics(_: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -313,6 +350,7 @@ def build_app(supervisor: Service) -> Starlette:
         "post_message": post_message,
         "session_events": session_events,
         "cancel": cancel,
+        "usage": usage,
         "metrics": metrics,
     }
     return Starlette(

@@ -176,6 +176,9 @@ class Input(_Frame, frozen=True, tag="input", kw_only=True):
     watched: bool = True
     # What earlier runs of this turn journaled (RFC 0008 §5): reused, never run again.
     journal: list[JournalEntry] = []
+    # The W3C trace context (``traceparent``, ``tracestate``) the turn's spans are children of,
+    # when tracing is on (RFC 0010 §4): the child's model and tool spans join the request's trace.
+    trace: dict[str, str] = {}
 
 
 class Watch(_Frame, tag="watch", frozen=True, kw_only=True):

@@ -29,7 +29,7 @@ from agentd.intel.base import Completion, IntelErrorKind
 from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, UserMessage, is_empty_assistant
 from agentd.obs import get_logger
 from agentd.protocol import TurnDiscarded, TurnDone
-from agentd.records import Discarded, JournalEntry, TurnRecord
+from agentd.records import Discarded, JournalEntry, ModelSpend, TurnRecord
 from agentd.tools import AnyTool, ToolOutcome, ToolSpec
 from agentd.transfer import (
     OpenerKind,
@@ -81,6 +81,9 @@ class _Attempt:
     # Epoch seconds the turn was accepted, for its first attempt: the deadline counts from there
     # across re-runs on other children. A restart-turn attempt gets a fresh budget (None).
     accepted_at: float | None = None
+    # What the whole turn spent per (assistant, model), shared by its attempts: a discarded
+    # attempt's calls were paid for too (RFC 0010 §1).
+    spend: dict[tuple[str, str], Usage] = field(default_factory=dict)
 
     def deadline_seconds(self, deadline: float) -> float:
         """How long this attempt may run: the whole deadline, less what earlier runs of the turn used."""
@@ -196,7 +199,7 @@ class _Attempt:
             deadline=self.budget.deadline_at if self.budget else None,
         )
         try:
-            return await self.session.provider.complete(request)
+            completion = await self.session.provider.complete(request)
         except IntelError as exc:
             log.warning(
                 events.LOG_INTEL_ERROR,
@@ -207,6 +210,11 @@ class _Attempt:
                 during=during,
             )
             raise
+        # One more request; unreported when its server said nothing of usage (never guessed).
+        usage = completion.usage + Usage(requests=1, unreported=0 if completion.usage_reported else 1)
+        key = (self.session.assistant, completion.model)
+        self.spend[key] = self.spend.get(key, Usage()) + usage
+        return msgspec.structs.replace(completion, usage=usage)
 
     async def _wait_for_intel(self, backoff: float) -> None:
         """Sleep before retrying; a parked swap ends the wait early.
@@ -405,7 +413,7 @@ async def run_turn(
                     # the turn with the discarded attempt already accounted for, never committed.
                     thrown_away, restarts = attempt, restarts + 1
                     usage = usage + thrown_away.usage
-                    attempt = _Attempt(session, turn, base, thrown_away.tools, ledger, restarts)
+                    attempt = _Attempt(session, turn, base, thrown_away.tools, ledger, restarts, spend=attempt.spend)
                     with anyio.CancelScope(shield=True):
                         discarded.append(await _discard(session, thrown_away))
         if scope.cancelled_caught:
@@ -425,6 +433,10 @@ async def run_turn(
             started_at=started_at,
             ended_at=time.time(),
             error=attempt.error,
+            by_model=tuple(
+                ModelSpend(assistant=assistant, model=model, usage=spent)
+                for (assistant, model), spent in attempt.spend.items()
+            ),
         )
         # Debug only: the supervisor logs turn.done once the turn is committed, one line per turn.
         log.debug(

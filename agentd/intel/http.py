@@ -168,7 +168,14 @@ class HTTPProvider:
             return await self._chat_attempt(endpoint, body, call, id_prefix)
 
         result = await self._with_failover(attempt, request.deadline, "chat")
-        return Completion(message=result.message, usage=result.usage, model=self.intelligence.model)
+        return Completion(
+            message=result.message,
+            usage=result.usage,
+            usage_reported=result.usage_reported,
+            model=self.intelligence.model,
+            response_model=result.model,
+            finish_reason=result.finish_reason,
+        )
 
     async def models(self, deadline: float | None = None) -> list[str]:
         """The model names the endpoints offer (``/api/tags`` or ``/v1/models``), with failover."""

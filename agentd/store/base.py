@@ -38,6 +38,8 @@ from collections.abc import Sequence
 import anyio
 import msgspec
 
+from agentd.budget import Usage
+from agentd.config import Price
 from agentd.messages import Message, UserMessage
 from agentd.records import JournalEntry, SessionState, StartedTurn, TurnRecord
 
@@ -53,6 +55,7 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "ReplicaRow",
+    "SpendRow",
     "Store",
     "StoreError",
     "StoreUnavailable",
@@ -118,6 +121,16 @@ class StoredEntry(msgspec.Struct, frozen=True):
 
     seq: int
     message: Message
+
+
+class SpendRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One line of ``Store.usage_report``: what ended turns spent on ``model`` within one group
+    (``key``: an assistant, a model or a session) at one price (None: unpriced), summed by the database."""
+
+    key: str
+    model: str
+    usage: Usage
+    price: Price | None
 
 
 class CommittedTurn(msgspec.Struct, frozen=True):
@@ -261,6 +274,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def session_counts(self) -> dict[str, int]:
         """How many sessions are in each state (``idle``, ``running``, ``failed``, ``closed``)."""
+
+    @abc.abstractmethod
+    async def usage_report(
+        self, group_by: str, *, since: float | None = None, until: float | None = None
+    ) -> list[SpendRow]:
+        """What turns that ended in [``since``, ``until``) spent, summed in the database per
+        ``group_by`` (``assistant``, ``model`` or ``session``), model and price (RFC 0010 §2).
+        StoreError for another ``group_by``."""
 
     @abc.abstractmethod
     async def open_sessions_by_assistant(self) -> dict[str, int]:

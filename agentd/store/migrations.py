@@ -34,6 +34,10 @@ Versions:
    by the store's clock), so that the replica that claims a session to run its turn knows at once
    where to relay the turn's events (RFC 0009 §7). Rows are hints: a replica that stops
    refreshing its rows is ignored once they expire, and expired rows are deleted by heartbeats.
+8. Usage and cost (RFC 0010 §2): ``turns.spend``, a committed turn's whole usage, cost and
+   per-model spend (msgspec JSON; ``{}`` on turns committed before), and ``turn_spend``, one row
+   per ended turn, assistant and model — its token counts and the price that applied (NULL:
+   unpriced) — that ``GET /v1/usage`` sums in the database, by when the turn ended.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from __future__ import annotations
 __all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -135,6 +139,30 @@ SQLITE: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (session, replica)
         )
         """,
+    ),
+    8: (
+        "ALTER TABLE turns ADD COLUMN spend TEXT NOT NULL DEFAULT '{}'",
+        """
+        CREATE TABLE turn_spend (
+            session              TEXT NOT NULL,
+            turn                 TEXT NOT NULL,
+            assistant            TEXT NOT NULL,
+            model                TEXT NOT NULL,
+            ended_at             REAL NOT NULL,
+            input_tokens         INTEGER NOT NULL,
+            output_tokens        INTEGER NOT NULL,
+            cached_input_tokens  INTEGER NOT NULL,
+            reasoning_tokens     INTEGER NOT NULL,
+            requests             INTEGER NOT NULL,
+            unreported           INTEGER NOT NULL,
+            currency             TEXT,
+            input_price          TEXT,
+            output_price         TEXT,
+            cached_input_price   TEXT,
+            PRIMARY KEY (session, turn, assistant, model)
+        )
+        """,
+        "CREATE INDEX turn_spend_ended ON turn_spend (ended_at)",
     ),
 }
 
@@ -231,5 +259,29 @@ POSTGRES: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (session, replica)
         )
         """,
+    ),
+    8: (
+        "ALTER TABLE turns ADD COLUMN spend TEXT NOT NULL DEFAULT '{}'",
+        """
+        CREATE TABLE turn_spend (
+            session              TEXT NOT NULL,
+            turn                 TEXT NOT NULL,
+            assistant            TEXT NOT NULL,
+            model                TEXT NOT NULL,
+            ended_at             DOUBLE PRECISION NOT NULL,
+            input_tokens         BIGINT NOT NULL,
+            output_tokens        BIGINT NOT NULL,
+            cached_input_tokens  BIGINT NOT NULL,
+            reasoning_tokens     BIGINT NOT NULL,
+            requests             BIGINT NOT NULL,
+            unreported           BIGINT NOT NULL,
+            currency             TEXT,
+            input_price          TEXT,
+            output_price         TEXT,
+            cached_input_price   TEXT,
+            PRIMARY KEY (session, turn, assistant, model)
+        )
+        """,
+        "CREATE INDEX turn_spend_ended ON turn_spend (ended_at)",
     ),
 }

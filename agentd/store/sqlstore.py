@@ -28,6 +28,7 @@ from agentd.store.base import (
     CommittedTurn,
     Lease,
     ReplicaRow,
+    SpendRow,
     Store,
     StoredEntry,
     StoredSession,
@@ -124,6 +125,13 @@ class SqlStore(Store):
 
     async def open_sessions_by_assistant(self) -> dict[str, int]:
         return await self._read("count sessions by assistant", ops.open_sessions_by_assistant())
+
+    async def usage_report(
+        self, group_by: str, *, since: float | None = None, until: float | None = None
+    ) -> list[SpendRow]:
+        if group_by not in ops.USAGE_GROUPS:
+            raise StoreError(f"usage: cannot group by {group_by!r} (expected one of {', '.join(ops.USAGE_GROUPS)})")
+        return await self._read(f"sum usage by {group_by}", ops.usage_report(group_by, since, until))
 
     # ------------------------------------------------------------------ turns
 

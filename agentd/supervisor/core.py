@@ -36,7 +36,16 @@ from agentd.supervisor.runner import TurnRunner
 from agentd.supervisor.running import Running
 from agentd.supervisor.session import EventItem, SessionTable
 from agentd.supervisor.turns import Turns
-from agentd.views import Accepted, MessageResult, PostMessage, ReloadResult, SessionSummary, SessionView, StatusView
+from agentd.views import (
+    Accepted,
+    MessageResult,
+    PostMessage,
+    ReloadResult,
+    SessionSummary,
+    SessionView,
+    StatusView,
+    UsageReport,
+)
 
 __all__ = ["Supervisor"]
 
@@ -192,6 +201,10 @@ class Supervisor:
     async def get_session(self, session_id: str) -> SessionView:
         """The session with its transcript (``Operations.get_session``)."""
         return await self.operations.get_session(session_id)
+
+    async def usage(self, group_by: str, *, since: float | None, until: float | None) -> UsageReport:
+        """Usage and cost over a time range (``Operations.usage``)."""
+        return await self.operations.usage(group_by, since=since, until=until)
 
     async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted:
         """A user message, as a turn (``Operations.send_message``)."""

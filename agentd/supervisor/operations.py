@@ -32,6 +32,7 @@ from agentd.supervisor.running import Running
 from agentd.supervisor.session import EventItem, SessionRuntime, SessionTable
 from agentd.supervisor.turns import Turns, new_id
 from agentd.transfer import OpenerKind, opener_message, opener_plan, session_start_history
+from agentd.usage import report, session_usage
 from agentd.views import (
     Accepted,
     ChildView,
@@ -43,6 +44,7 @@ from agentd.views import (
     SessionSummary,
     SessionView,
     StatusView,
+    UsageReport,
     entry_from_message,
     turn_view,
 )
@@ -235,7 +237,13 @@ class Operations:
             transcript=[entry_from_message(e.seq, e.message) for e in stored.transcript],
             turns=[turn_view(t) for t in stored.turns],
             child=child.pid if child is not None else None,
+            usage=session_usage(stored.turns),
         )
+
+    async def usage(self, group_by: str, *, since: float | None, until: float | None) -> UsageReport:
+        """What turns that ended in [since, until) spent and cost, summed by the store (RFC 0010 §2)."""
+        rows = await self._store(self.store.usage_report(group_by, since=since, until=until))
+        return report(group_by, rows, since, until)
 
     def _effective(self, stored: StoredSession) -> tuple[str, SessionState, int, str]:
         """(assistant, state, generation, model) as of now: the hot runtime's, else the row's.
