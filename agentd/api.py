@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 import anyio
@@ -42,6 +43,8 @@ from agentd.errors import (
     Unavailable,
 )
 from agentd.obs import get_logger
+from agentd.otel import configured as tracing_configured
+from agentd.otel import trace_carrier
 from agentd.views import (
     Accepted,
     CreateSession,
@@ -117,7 +120,9 @@ class Service(Protocol):
     async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]: ...
     async def get_session(self, session_id: str) -> SessionView: ...
     async def usage(self, group_by: str, *, since: float | None, until: float | None) -> UsageReport: ...
-    async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted: ...
+    async def send_message(
+        self, session_id: str, body: PostMessage, *, trace: Mapping[str, str] | None = None
+    ) -> MessageResult | Accepted: ...
     async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[tuple[str, dict[str, Any]]]: ...
     def unsubscribed(self, session_id: str) -> None: ...
     async def cancel(self, session_id: str) -> str: ...
@@ -256,6 +261,7 @@ async def _on_http_error(_: Request, exc: Exception) -> Response:
 
 def build_app(supervisor: Service) -> Starlette:
     """The API application bound to ``supervisor``."""
+    tracing_on = tracing_configured(os.environ)
 
     async def ready(request: Request) -> Response:
         reasons = supervisor.ready()
@@ -288,7 +294,9 @@ def build_app(supervisor: Service) -> Starlette:
         body = await _decode(
             request, PostMessage, limit=supervisor.config.server.max_message_bytes, source=MESSAGE_LIMIT
         )
-        result = await supervisor.send_message(request.path_params["id"], body)
+        # The client's W3C trace context, kept only when traces are on (RFC 0010 §4).
+        trace = trace_carrier(request.headers) if tracing_on else None
+        result = await supervisor.send_message(request.path_params["id"], body, trace=trace)
         return JSONResponse(result, status_code=202 if isinstance(result, Accepted) else 200)
 
     async def cancel(request: Request) -> Response:

@@ -101,6 +101,7 @@ class StartedTurn(msgspec.Struct, frozen=True, kw_only=True):
     message: UserMessage | None
     started_at: float
     cancel_requested: bool = False  # asked on another replica: end it cancelled, do not run it
+    trace: dict[str, str] = {}  # the W3C trace context of the request that began it (RFC 0010 §4)
 
 
 class JournalEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

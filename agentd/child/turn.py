@@ -24,10 +24,12 @@ from agentd import events
 from agentd.budget import TurnBudget, TurnStatus, Usage
 from agentd.child.journal import OUTCOME_UNKNOWN, REPLAYED, JournalWrite, ToolLedger
 from agentd.child.session import ChildSession
+from agentd.child.spans import chat_done, input_messages, tool_done
 from agentd.intel import CompletionRequest, IntelError
 from agentd.intel.base import Completion, IntelErrorKind
 from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, UserMessage, is_empty_assistant
 from agentd.obs import get_logger
+from agentd.otel import tracing
 from agentd.protocol import TurnDiscarded, TurnDone
 from agentd.records import Discarded, JournalEntry, ModelSpend, TurnRecord
 from agentd.tools import AnyTool, ToolOutcome, ToolSpec
@@ -198,8 +200,28 @@ class _Attempt:
             options=self.session.current_intelligence.options,
             deadline=self.budget.deadline_at if self.budget else None,
         )
+        tracer, intelligence = tracing(), self.session.current_intelligence
+        with tracer.chat(
+            provider=intelligence.provider,
+            model=intelligence.model,
+            turn=self.turn,
+            generation=self.session.generation,
+            run=self.session.turn_run,
+        ) as span:
+            if tracer.capture:
+                span.set(input_messages(messages))
+            try:
+                completion = await self._provider_complete(request, during)
+            except IntelError as exc:
+                span.fail(exc.kind.value)
+                raise
+            chat_done(span, completion, capture=tracer.capture)
+        return self._spent(completion)
+
+    async def _provider_complete(self, request: CompletionRequest, during: str) -> Completion:
+        """The provider's ``complete``; an IntelError is logged."""
         try:
-            completion = await self.session.provider.complete(request)
+            return await self.session.provider.complete(request)
         except IntelError as exc:
             log.warning(
                 events.LOG_INTEL_ERROR,
@@ -210,6 +232,9 @@ class _Attempt:
                 during=during,
             )
             raise
+
+    def _spent(self, completion: Completion) -> Completion:
+        """Count a model call that answered in the turn's spend; the completion with its request counted."""
         # One more request; unreported when its server said nothing of usage (never guessed).
         usage = completion.usage + Usage(requests=1, unreported=0 if completion.usage_reported else 1)
         key = (self.session.assistant, completion.model)
@@ -297,6 +322,20 @@ class _Attempt:
 
     async def _run_tool(self, call: ToolCall) -> None:
         await self.session.emit(events.TOOL_CALL, self.turn, id=call.id, name=call.name, arguments=call.arguments)
+        tracer = tracing()
+        scope = tracer.execute_tool(
+            tool=call.name,
+            call_id=call.id,
+            turn=self.turn,
+            generation=self.session.generation,
+            run=self.session.turn_run,
+        )
+        with scope as span:
+            outcome, how = await self._tool_outcome(call)
+            tool_done(span, call.arguments, outcome, how, capture=tracer.capture)
+        await self._record(call, outcome, how)
+
+    async def _tool_outcome(self, call: ToolCall) -> tuple[ToolOutcome, str | None]:
         how: str | None = None
         tool = self.tools.get(call.name)
         if call.arguments_error is not None:
@@ -308,7 +347,7 @@ class _Attempt:
             outcome, how = await self.ledger.run(call, tool)
             if how is not None:
                 log.info(events.LOG_TOOL_REPLAYED, session=self.session.id, turn=self.turn, tool=call.name, how=how)
-        await self._record(call, outcome, how)
+        return outcome, how
 
     async def _record(self, call: ToolCall, outcome: ToolOutcome, how: str | None) -> None:
         replayed, unknown = how == REPLAYED, how == OUTCOME_UNKNOWN

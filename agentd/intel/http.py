@@ -33,7 +33,7 @@ import structlog
 from agentd import __version__ as _agentd_version
 from agentd.causes import iter_causes
 from agentd.config import Intelligence
-from agentd.events import LOG_INTEL_ERROR, LOG_INTEL_FAILOVER
+from agentd.events import LOG_INTEL_ERROR, LOG_INTEL_FAILOVER, SPAN_ENDPOINT_FAILOVER
 from agentd.intel.base import Completion, CompletionRequest, IntelError, IntelErrorKind
 from agentd.intel.endpoints import BreakerPolicy, Endpoints, RetryPolicy, backoff_delay, parse_retry_after
 from agentd.intel.wire import (
@@ -47,6 +47,7 @@ from agentd.intel.wire import (
     decode_json,
 )
 from agentd.messages import MessageError, validate_request
+from agentd.otel import tracing
 from agentd.redact import redact_url
 
 __all__ = ["HTTPProvider", "Retryable", "StreamReader"]
@@ -415,6 +416,14 @@ class HTTPProvider:
             from_endpoint=redact_url(self.endpoints.urls[from_index]),
             to_endpoint=redact_url(self.endpoints.urls[to_index]),
             reason=reason,
+        )
+        # On the model call's span when tracing is on (RFC 0010 §4); URLs without credentials.
+        tracing().event(
+            SPAN_ENDPOINT_FAILOVER,
+            {
+                "agentd.endpoint.from": redact_url(self.endpoints.urls[from_index]),
+                "agentd.endpoint.to": redact_url(self.endpoints.urls[to_index]),
+            },
         )
 
 

@@ -33,7 +33,7 @@ Rules every backend keeps:
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import anyio
 import msgspec
@@ -298,8 +298,11 @@ class Store(abc.ABC):
         started_at: float,
         *,
         durable: bool = True,
+        trace: Mapping[str, str] | None = None,
     ) -> int | None:
         """Start a turn in one transaction: store its user message, a ``pending`` turn row, state ``running``.
+
+        ``trace``: the W3C trace context of the request (RFC 0010 §4), given back in ``StartedTurn.trace``.
 
         The message is stored with its ``turn`` field set to ``turn_id``. Returns the message's
         seq, or None for an opener turn (``message`` None). UnknownSession if the session is

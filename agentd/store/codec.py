@@ -31,8 +31,10 @@ __all__ = [
     "decode_message",
     "decode_models",
     "decode_spend",
+    "decode_trace",
     "encode_json",
     "encode_message",
+    "encode_trace",
     "ended_turn_columns",
     "landed_commit_seqs",
     "not_pending",
@@ -64,6 +66,19 @@ class StoredSpend(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 
 
 _spend_decoder = msgspec.json.Decoder(StoredSpend)
+
+
+_trace_decoder = msgspec.json.Decoder(dict[str, str])
+
+
+def encode_trace(carrier: Mapping[str, str] | None) -> str | None:
+    """``turns.trace``: a turn's W3C trace context as stored (NULL without one)."""
+    return encode_json(dict(carrier)) if carrier else None
+
+
+def decode_trace(text: str | None) -> dict[str, str]:
+    """A turn row's ``trace`` column (``{}`` for NULL)."""
+    return _trace_decoder.decode(text) if text else {}
 
 
 def decode_spend(text: str) -> StoredSpend:

@@ -37,7 +37,9 @@ Versions:
 8. Usage and cost (RFC 0010 §2): ``turns.spend``, a committed turn's whole usage, cost and
    per-model spend (msgspec JSON; ``{}`` on turns committed before), and ``turn_spend``, one row
    per ended turn, assistant and model — its token counts and the price that applied (NULL:
-   unpriced) — that ``GET /v1/usage`` sums in the database, by when the turn ended.
+   unpriced) — that ``GET /v1/usage`` sums in the database, by when the turn ended. And
+   ``turns.trace``: the W3C trace context of the request that began a turn (JSON; NULL without
+   one), so the replica that runs or adopts it continues the client's trace (RFC 0010 §4).
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ SQLITE: dict[int, tuple[str, ...]] = {
     ),
     8: (
         "ALTER TABLE turns ADD COLUMN spend TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE turns ADD COLUMN trace TEXT",
         """
         CREATE TABLE turn_spend (
             session              TEXT NOT NULL,
@@ -262,6 +265,7 @@ POSTGRES: dict[int, tuple[str, ...]] = {
     ),
     8: (
         "ALTER TABLE turns ADD COLUMN spend TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE turns ADD COLUMN trace TEXT",
         """
         CREATE TABLE turn_spend (
             session              TEXT NOT NULL,

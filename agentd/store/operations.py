@@ -226,7 +226,13 @@ def open_sessions_by_assistant() -> Op[dict[str, int]]:
 
 
 def begin_turn(
-    session_id: str, turn_id: str, message: UserMessage | None, started_at: float, *, relaxed: str | None
+    session_id: str,
+    turn_id: str,
+    message: UserMessage | None,
+    started_at: float,
+    *,
+    relaxed: str | None,
+    trace: str | None = None,
 ) -> Op[int | None]:
     """``Store.begin_turn`` (``message`` already tagged with the turn); ``relaxed``: the dialect's
     statement that lets this commit return before it is synced, when the caller asked for that."""
@@ -247,13 +253,14 @@ def begin_turn(
         raise StoreError(f"cannot begin {where}: the session already has a turn with this id")
     seq = None if message is None else (yield from insert_entries(session_id, [message]))[0]
     yield from execute(
-        "INSERT INTO turns (session, id, status, message_seq, started_at)"
-        " VALUES (:session, :id, :pending, :seq, :started_at)",
+        "INSERT INTO turns (session, id, status, message_seq, started_at, trace)"
+        " VALUES (:session, :id, :pending, :seq, :started_at, :trace)",
         session=session_id,
         id=turn_id,
         pending=PENDING,
         seq=seq,
         started_at=started_at,
+        trace=trace,
     )
     yield from execute(
         "UPDATE sessions SET state = 'running', updated_at = :now WHERE id = :id", now=started_at, id=session_id

@@ -143,7 +143,7 @@ SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_
 # A turn with its input message (for a pending turn, which has no record yet).
 TURN_SELECT = (
     "SELECT t.n, t.session, t.id, t.status, t.message_seq, t.models, t.steps, t.restarts, t.discarded,"
-    " t.input_tokens, t.output_tokens, t.started_at, t.ended_at, t.error, t.cancel_requested, t.spend,"
+    " t.input_tokens, t.output_tokens, t.started_at, t.ended_at, t.error, t.cancel_requested, t.spend, t.trace,"
     " CASE WHEN t.status = 'pending' THEN e.message END AS input"
     " FROM turns t LEFT JOIN entries e ON e.session = t.session AND e.seq = t.message_seq"
 )
@@ -200,7 +200,11 @@ def started_from_row(row: Row) -> StartedTurn:
             raise StoreError(f"session {row['session']} turn {row['id']}: its input entry is not a user message")
         message = decoded
     return StartedTurn(
-        id=row["id"], message=message, started_at=row["started_at"], cancel_requested=bool(row["cancel_requested"])
+        id=row["id"],
+        message=message,
+        started_at=row["started_at"],
+        cancel_requested=bool(row["cancel_requested"]),
+        trace=codec.decode_trace(row["trace"]),
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -143,6 +143,7 @@ class SqlStore(Store):
         started_at: float,
         *,
         durable: bool = True,
+        trace: Mapping[str, str] | None = None,
     ) -> int | None:
         where = f"session {session_id} turn {turn_id}"
         if message is not None:
@@ -150,7 +151,14 @@ class SqlStore(Store):
                 raise StoreError(f"{where}: a turn's input must be a user message, not {type(message).__name__}")
             message = msgspec.structs.replace(message, turn=turn_id)
         relaxed = None if durable else self.dialect.relaxed_commit
-        op = ops.begin_turn(session_id, turn_id, message, started_at, relaxed=relaxed)
+        op = ops.begin_turn(
+            session_id,
+            turn_id,
+            message,
+            started_at,
+            relaxed=relaxed,
+            trace=self.dialect.text(codec.encode_trace(trace)),
+        )
         return await self._write(f"begin {where}", op, durable=durable)
 
     async def commit_turn(

@@ -206,9 +206,11 @@ class Supervisor:
         """Usage and cost over a time range (``Operations.usage``)."""
         return await self.operations.usage(group_by, since=since, until=until)
 
-    async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted:
+    async def send_message(
+        self, session_id: str, body: PostMessage, *, trace: Mapping[str, str] | None = None
+    ) -> MessageResult | Accepted:
         """A user message, as a turn (``Operations.send_message``)."""
-        return await self.operations.send_message(session_id, body)
+        return await self.operations.send_message(session_id, body, trace=trace)
 
     async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[EventItem]:
         """The session's events (``Operations.subscribe``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -272,8 +272,11 @@ class Operations:
 
     # ------------------------------------------------------------------ turns
 
-    async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted:
-        """Store the user message, deliver it, and (``wait``) return the finished turn."""
+    async def send_message(
+        self, session_id: str, body: PostMessage, *, trace: Mapping[str, str] | None = None
+    ) -> MessageResult | Accepted:
+        """Store the user message, deliver it, and (``wait``) return the finished turn; ``trace``
+        is the request's W3C trace context, which the turn's spans join (RFC 0010 §4)."""
         self._refuse_when_draining()
         if not body.content.strip() and not body.images:
             raise BadInput("content must not be empty", code="empty_message")
@@ -286,7 +289,7 @@ class Operations:
         turn_id = new_id("t")
         message = UserMessage(content=body.content, images=tuple(body.images) if body.images else None, turn=turn_id)
         # A waiting client hears nothing before the turn's commit, which syncs its message too.
-        turn = await self.turns.accept(runtime, message, durable=not body.wait)
+        turn = await self.turns.accept(runtime, message, durable=not body.wait, trace=trace)
         if not body.wait:
             return Accepted(turn_id=turn_id)
         if turn.elsewhere:

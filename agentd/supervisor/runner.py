@@ -208,6 +208,9 @@ class TurnRunner:
                 started_at=turn.budget_start,
                 watched=runtime.watched or self.watched_elsewhere(runtime.id),
                 journal=journal,
+                trace=turn.trace,
+                run=turn.runs,
+                resumed=not turn.fresh,
             )
             await child.send(frame)
             while not (turn.done.is_set() or turn.lost.is_set()):
