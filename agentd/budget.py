@@ -33,7 +33,7 @@ class TurnStatus(enum.StrEnum):
     FAILED = "failed"
 
 
-class Usage(msgspec.Struct, frozen=True):
+class Usage(msgspec.Struct, frozen=True, gc=False):  # ints only: no cycle, not GC-tracked
     """What model calls spent, as their servers reported it (every count always present, on the
     wire and in the API; RFC 0010 §1).
 

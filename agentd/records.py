@@ -36,7 +36,7 @@ SessionState = Literal["idle", "running", "failed", "closed"]
 PENDING: Final = "pending"
 
 
-class Cost(msgspec.Struct, frozen=True):
+class Cost(msgspec.Struct, frozen=True, gc=False):  # strings only: not GC-tracked
     """What tokens cost: ``amount`` the exact decimal (a string, never a float, never rounded)."""
 
     amount: str

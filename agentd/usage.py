@@ -51,19 +51,24 @@ def decimal_text(amount: Decimal) -> str:
     return "0" if text in ("", "-0") else text
 
 
+def _amount(usage: Usage, price: Price) -> Decimal:
+    """``cost_of``'s amount, as a Decimal; call it inside ``decimal.localcontext(_EXACT)``."""
+    cached = min(usage.cached_input_tokens, usage.input_tokens)
+    cached_price = price.cached_input_per_mtok if price.cached_input_per_mtok is not None else price.input_per_mtok
+    per_million = (
+        Decimal(usage.input_tokens - cached) * price.input_per_mtok
+        + Decimal(cached) * cached_price
+        + Decimal(usage.output_tokens) * price.output_per_mtok
+    )
+    return per_million / _MILLION
+
+
 def cost_of(usage: Usage, price: Price) -> Cost:
     """The exact cost of ``usage`` at ``price``: input (less its cached part) at the input price,
     the cached part at the cached price (the input price when none is set), output at the output
     price — per million tokens. Reasoning tokens are part of the output and priced as output."""
-    cached = min(usage.cached_input_tokens, usage.input_tokens)
-    cached_price = price.cached_input_per_mtok if price.cached_input_per_mtok is not None else price.input_per_mtok
     with decimal.localcontext(_EXACT):
-        per_million = (
-            Decimal(usage.input_tokens - cached) * price.input_per_mtok
-            + Decimal(cached) * cached_price
-            + Decimal(usage.output_tokens) * price.output_per_mtok
-        )
-        amount = per_million / _MILLION
+        amount = _amount(usage, price)
     return Cost(amount=decimal_text(amount), currency=price.currency)
 
 
@@ -130,7 +135,7 @@ def model_totals(parts: Iterable[ModelSpend]) -> list[ModelTotal]:
 
 
 def _model_views(totals: Iterable[ModelTotal]) -> list[ModelUsageView]:
-    return [ModelUsageView(**msgspec.structs.asdict(usage_view(t.usage, t.cost)), model=t.model) for t in totals]
+    return [_model_view(t.model, t.usage, t.cost) for t in totals]
 
 
 def session_usage(turns: Iterable[TurnRecord | StartedTurn]) -> SessionUsageView:
@@ -149,20 +154,78 @@ def session_usage(turns: Iterable[TurnRecord | StartedTurn]) -> SessionUsageView
     )
 
 
+def _model_view(model: str, u: Usage, cost: Cost | None) -> ModelUsageView:
+    # Fields spelled out: this runs once per group and model, 100,000 times for a big report.
+    return ModelUsageView(
+        input_tokens=u.input_tokens,
+        output_tokens=u.output_tokens,
+        cached_input_tokens=u.cached_input_tokens,
+        reasoning_tokens=u.reasoning_tokens,
+        requests=u.requests,
+        unreported=u.unreported,
+        cost=cost,
+        model=model,
+    )
+
+
+class _Sum:
+    """A running total of usage and of its exact cost; the cost is lost (None) for good once a part
+    is unpriced or in another currency (``add_costs``'s rule, without a list per group)."""
+
+    __slots__ = ("amount", "currency", "priced", "usage")
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.amount = Decimal(0)
+        self.currency: str | None = None
+        self.priced = True
+
+    def add(self, usage: Usage, amount: Decimal | None, currency: str | None) -> None:
+        self.usage = self.usage + usage
+        if amount is None or (self.currency is not None and currency != self.currency):
+            self.priced = False
+        elif self.priced:
+            self.currency, self.amount = currency, self.amount + amount
+
+    def cost(self) -> Cost | None:
+        if not self.priced or self.currency is None:
+            return None
+        return Cost(amount=decimal_text(self.amount), currency=self.currency)
+
+
 def report(group_by: str, rows: Sequence[SpendRow], since: float | None, until: float | None) -> UsageReport:
     """``GET /v1/usage`` from the database's sums (``Store.usage_report``): each line priced exactly
-    at the price it was spent at, then added up per group and per model within it."""
-    groups: dict[str, list[ModelSpend]] = {}
-    for row in rows:
-        cost = cost_of(row.usage, row.price) if row.price is not None else None
-        groups.setdefault(row.key, []).append(
-            ModelSpend(assistant="", model=row.model, usage=row.usage, price=row.price, cost=cost)
-        )
+    at the price it was spent at, then added up per group and per model within it, in key order."""
+    groups: dict[str, tuple[_Sum, dict[str, _Sum]]] = {}
+    with decimal.localcontext(_EXACT):
+        for row in rows:
+            price = row.price
+            amount = _amount(row.usage, price) if price is not None else None
+            currency = price.currency if price is not None else None
+            total, models = groups.get(row.key) or groups.setdefault(row.key, (_Sum(), {}))
+            total.add(row.usage, amount, currency)
+            model = models.get(row.model) or models.setdefault(row.model, _Sum())
+            model.add(row.usage, amount, currency)
     out = []
-    for key, parts in groups.items():
-        total = sum((part.usage for part in parts), Usage())
-        view = usage_view(total, spend_cost(parts))
-        out.append(UsageGroup(**msgspec.structs.asdict(view), key=key, by_model=_model_views(model_totals(parts))))
+    for key in sorted(groups):
+        total, models = groups[key]
+        by_model = [_model_view(name, models[name].usage, models[name].cost()) for name in sorted(models)]
+        # One model (the usual case when grouping by session): the group's total is that model's.
+        cost = by_model[0].cost if len(by_model) == 1 else total.cost()
+        u = total.usage
+        out.append(
+            UsageGroup(
+                input_tokens=u.input_tokens,
+                output_tokens=u.output_tokens,
+                cached_input_tokens=u.cached_input_tokens,
+                reasoning_tokens=u.reasoning_tokens,
+                requests=u.requests,
+                unreported=u.unreported,
+                cost=cost,
+                key=key,
+                by_model=by_model,
+            )
+        )
     return UsageReport(
         group_by=group_by,  # type: ignore[arg-type]  # checked by the caller against USAGE_GROUPS
         since=iso(since),

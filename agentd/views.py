@@ -148,7 +148,7 @@ def usage_view(usage: Usage, cost: Cost | None) -> UsageView:
     return UsageView(**msgspec.structs.asdict(usage), cost=cost)
 
 
-class ModelUsageView(UsageView, kw_only=True):
+class ModelUsageView(UsageView, kw_only=True, gc=False):  # numbers, strings, a Cost: not GC-tracked
     """A model's part of a session's usage (``Session.usage.by_model``)."""
 
     model: str

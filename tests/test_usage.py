@@ -24,6 +24,7 @@ from agentd.intel.openai import OpenAIProvider
 from agentd.intel.scripted import ScriptedOptions, scripted_reply
 from agentd.messages import SystemMessage, UserMessage
 from agentd.records import Cost, Discarded, ModelSpend, StartedTurn, TurnRecord
+from agentd.store.base import SpendRow
 from agentd.usage import add_costs, cost_of, decimal_text, price_record, report, session_usage
 from tests.fakes import FakeOllama, FakeOpenAI, Reply
 from tests.store_harness import Backend
@@ -380,3 +381,45 @@ async def test_a_committed_turn_reads_back_with_its_usage_cost_and_models(backen
         assert turn.by_model[0].price == MINI
     finally:
         await store.close()
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),
+            st.sampled_from(["m1", "m2"]),
+            counts,
+            counts,
+            st.sampled_from([None, "USD", "EUR"]),
+            prices,
+        ),
+        max_size=12,
+    )
+)
+def test_a_report_prices_each_line_and_adds_up_exactly(
+    lines: list[tuple[str, str, int, int, str | None, Decimal]],
+) -> None:
+    rows = [
+        SpendRow(
+            key=key,
+            model=model,
+            usage=Usage(inp, out, requests=1),
+            price=None
+            if currency is None
+            else Price(model=model, currency=currency, input_per_mtok=p, output_per_mtok=p),
+        )
+        for key, model, inp, out, currency, p in lines
+    ]
+    made = report("assistant", rows, None, None)
+    assert [g.key for g in made.groups] == sorted({row.key for row in rows})
+    for group in made.groups:
+        mine = [r for r in rows if r.key == group.key]
+        expected = add_costs(cost_of(r.usage, r.price) if r.price else None for r in mine)
+        assert group.cost == (
+            None if expected is None else Cost(decimal_text(Decimal(expected.amount)), expected.currency)
+        )
+        assert group.input_tokens == sum(r.usage.input_tokens for r in mine)
+        for model in group.by_model:
+            parts = [r for r in mine if r.model == model.model]
+            assert model.requests == len(parts)
+            assert model.cost == add_costs(cost_of(r.usage, r.price) if r.price else None for r in parts)

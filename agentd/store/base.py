@@ -123,7 +123,7 @@ class StoredEntry(msgspec.Struct, frozen=True):
     message: Message
 
 
-class SpendRow(msgspec.Struct, frozen=True, kw_only=True):
+class SpendRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):  # many per report: not GC-tracked
     """One line of ``Store.usage_report``: what ended turns spent on ``model`` within one group
     (``key``: an assistant, a model or a session) at one price (None: unpriced), summed by the database."""
 

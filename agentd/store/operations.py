@@ -146,29 +146,33 @@ def usage_report(group_by: str, since: float | None, until: float | None) -> Op[
         [cond for cond, value in (("ended_at >= :since", since), ("ended_at < :until", until)) if value is not None]
     )
     sums = ", ".join(f"SUM({name}) AS {name}" for name in _SPEND_COUNTS)
-    keys = ", ".join((column, "model", *_SPEND_PRICE))
+    # Grouped in the order of that grouping's index (SQLite reads it without sorting).
+    keys = ", ".join(dict.fromkeys((column, "model", *_SPEND_PRICE)))
     rows = yield from fetch_all(
         f"SELECT {column} AS grp, model, {', '.join(_SPEND_PRICE)}, {sums} FROM turn_spend"
-        f"{' WHERE ' + where if where else ''} GROUP BY {keys} ORDER BY {column}, model",
+        f"{' WHERE ' + where if where else ''} GROUP BY {keys}",
         since=since,
         until=until,
     )
-    return [_spend_row(row) for row in rows]
+    prices: dict[tuple[Any, ...], Price | None] = {}  # few distinct prices, many rows: each parsed once
+    return [_spend_row(row, prices) for row in rows]
 
 
-def _spend_row(row: Row) -> SpendRow:
+def _spend_row(row: Row, prices: dict[tuple[Any, ...], Price | None]) -> SpendRow:
     # int(): PostgreSQL sums BIGINTs as NUMERIC (psycopg's Decimal).
     usage = Usage(*(int(row[name]) for name in _SPEND_COUNTS))
-    price = None
-    if row["currency"] is not None:
-        price = Price(
-            model=row["model"],
-            currency=row["currency"],
-            input_per_mtok=Decimal(row["input_price"]),
-            output_per_mtok=Decimal(row["output_price"]),
-            cached_input_per_mtok=None if row["cached_input_price"] is None else Decimal(row["cached_input_price"]),
-        )
-    return SpendRow(key=row["grp"], model=row["model"], usage=usage, price=price)
+    key = (row["model"], *(row[name] for name in _SPEND_PRICE))
+    if key not in prices:
+        prices[key] = None
+        if row["currency"] is not None:
+            prices[key] = Price(
+                model=row["model"],
+                currency=row["currency"],
+                input_per_mtok=Decimal(row["input_price"]),
+                output_per_mtok=Decimal(row["output_price"]),
+                cached_input_per_mtok=None if row["cached_input_price"] is None else Decimal(row["cached_input_price"]),
+            )
+    return SpendRow(key=row["grp"], model=row["model"], usage=usage, price=prices[key])
 
 
 def list_sessions(limit: int, after: str | None) -> Op[list[StoredSession]]:

@@ -1,0 +1,301 @@
+"""Usage and observability figures (RFC 0010 §2, §5): ``GET /v1/usage`` over many sessions, and
+what OpenTelemetry costs a busy daemon.
+
+    .venv/bin/python bench/usage.py [--sessions 100000] [--turns 2] [--repeat 5]
+        [--clients 32] [--seconds 10] [--rounds 2] [--skip-usage] [--skip-otel]
+
+1. ``GET /v1/usage`` at ``--sessions`` sessions: a SQLite store filled directly (through the
+   schema's own migrations) with ``--turns`` ended turns per session, each with its per-model
+   spend row (10 assistants, 4 models, one of them unpriced, ended over 30 days), then served by
+   a real ``agentd run``. Timed: the store's sum alone (``Store.usage_report``, in process, and
+   the exact pricing of its rows), and the whole request over the unix socket for each
+   ``group_by``, with and without a one-day time range. ``--repeat`` requests each, after one
+   warm-up; nearest-rank percentiles.
+2. Turns/s at ``--clients`` clients (one session each, the scripted model with no delay, back to
+   back for ``--seconds`` after a 1 s warm-up), tracing off and on: on, every child exports its
+   spans over OTLP/HTTP to a loopback receiver that reads and discards them (a collector's cost is
+   not agentd's). ``--rounds`` alternating off/on rounds, each on a fresh daemon; the drop is the
+   mean of on against the mean of off.
+
+Nothing passes or fails on a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import anyio
+from scale import Agentd, Http, loadavg, open_sessions, print_run_end, source_fingerprint, throughput
+from tables import percentile, print_table
+
+from agentd.store import SqliteStore
+from agentd.usage import report
+
+ASSISTANTS = [f"assistant-{n}" for n in range(10)]
+MODELS = [
+    ("gpt-4o-mini", "0.15", "0.60", "0.075"),
+    ("gpt-4o", "2.5", "10", "1.25"),
+    ("claude-haiku", "0.8", "4", None),
+    ("local-llama", None, None, None),  # unpriced
+]
+DAY = 86400.0
+GROUPS = ("model", "assistant", "session")
+
+
+# --------------------------------------------------------------------------- 1. GET /v1/usage
+
+
+def fill(db: Path, sessions: int, turns: int, now: float) -> int:
+    """``sessions`` sessions with ``turns`` ended turns each and their spend rows; the row count."""
+    rng = random.Random(7)
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.executemany(
+            "INSERT INTO sessions (id, assistant, state, generation, model, created_at, updated_at)"
+            " VALUES (?, ?, 'idle', 1, ?, ?, ?)",
+            (
+                (f"s_{i:08x}", ASSISTANTS[i % len(ASSISTANTS)], MODELS[i % len(MODELS)][0], now - 30 * DAY, now)
+                for i in range(sessions)
+            ),
+        )
+        spend = []
+        turn_rows = []
+        for i in range(sessions):
+            model, pin, pout, pcached = MODELS[i % len(MODELS)]
+            for t in range(turns):
+                ended = now - rng.random() * 30 * DAY
+                inp, out = rng.randrange(100, 20000), rng.randrange(10, 2000)
+                cached = inp // 4 if pcached else 0
+                turn_rows.append((f"s_{i:08x}", f"t_{t}", ended - 1, ended, inp, out))
+                spend.append(
+                    (f"s_{i:08x}", f"t_{t}", ASSISTANTS[i % len(ASSISTANTS)], model, ended, inp, out, cached, 0, 1, 0)
+                    + (("USD", pin, pout, pcached) if pin else (None, None, None, None))
+                )
+        conn.executemany(
+            "INSERT INTO turns (session, id, status, started_at, ended_at, input_tokens, output_tokens)"
+            " VALUES (?, ?, 'completed', ?, ?, ?, ?)",
+            turn_rows,
+        )
+        conn.executemany(
+            "INSERT INTO turn_spend (session, turn, assistant, model, ended_at, input_tokens, output_tokens,"
+            " cached_input_tokens, reasoning_tokens, requests, unreported, currency, input_price, output_price,"
+            " cached_input_price) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            spend,
+        )
+    conn.execute("ANALYZE")
+    conn.close()
+    return len(spend)
+
+
+async def _store_figures(db: Path, repeat: int, now: float) -> list[list[str]]:
+    store = await SqliteStore.open(db)
+    rows = []
+    try:
+        for group in GROUPS:
+            for since in (None, now - DAY):
+                samples, groups = [], 0
+                for n in range(repeat + 1):
+                    began = time.perf_counter()
+                    lines = await store.usage_report(group, since=since, until=None)
+                    summed = time.perf_counter() - began
+                    groups = len(report(group, lines, since, None).groups)
+                    if n:
+                        samples.append((summed, time.perf_counter() - began))
+                rows.append(
+                    [
+                        group,
+                        "1 day" if since else "all",
+                        str(groups),
+                        f"{percentile([s for s, _ in samples], 50) * 1000:.0f}",
+                        f"{percentile([t for _, t in samples], 50) * 1000:.0f}",
+                        f"{max(t for _, t in samples) * 1000:.0f}",
+                    ]
+                )
+    finally:
+        await store.close()
+    return rows
+
+
+def usage_figures(workdir: Path, sessions: int, turns: int, repeat: int) -> None:
+    state = workdir / "usage-state"
+    state.mkdir()
+    daemon = Agentd(workdir, state, "usage")
+    daemon.config_path.write_text(
+        '[intelligence]\nprovider = "scripted"\nmodel = "gpt-4o-mini"\n\n'
+        + "".join(f'[[assistants]]\nname = "{name}"\n\n' for name in ASSISTANTS)
+        + "".join(
+            f'[[prices]]\nmodel = "{m}"\ninput_per_mtok = "{i}"\noutput_per_mtok = "{o}"\n'
+            + (f'cached_input_per_mtok = "{c}"\n' if c else "")
+            for m, i, o, c in MODELS
+            if i
+        )
+    )
+    daemon.start()  # creates and migrates the database
+    daemon.stop()
+    now = time.time()
+    began = time.monotonic()
+    count = fill(daemon.db, sessions, turns, now)
+    print(f"filled {sessions:,} sessions, {count:,} turns with their spend rows in {time.monotonic() - began:.1f}s")
+
+    store_rows = anyio.run(_store_figures, daemon.db, repeat, now)
+    print_table(
+        f"1a. Store.usage_report + exact pricing, in process ({sessions:,} sessions, SQLite; ms)",
+        ["group_by", "range", "groups", "sum p50", "sum+price p50", "max"],
+        store_rows,
+        left=(0, 1),
+    )
+
+    daemon.start()
+    rows = []
+    try:
+        http = Http(daemon.socket)
+        for group in GROUPS:
+            for since in (None, now - DAY):
+                target = f"/v1/usage?group_by={group}" + (f"&since={since:.3f}" if since else "")
+                samples, size = [], 0
+                for n in range(repeat + 1):
+                    began_at = time.perf_counter()
+                    status, body = http.request("GET", target)
+                    if status != 200:
+                        raise RuntimeError(f"GET {target} → {status}: {body[:300]!r}")
+                    if n:
+                        samples.append(time.perf_counter() - began_at)
+                    size = len(body)
+                rows.append(
+                    [
+                        group,
+                        "1 day" if since else "all",
+                        f"{size / 1e6:.2f}",
+                        f"{percentile(samples, 50) * 1000:.0f}",
+                        f"{max(samples) * 1000:.0f}",
+                    ]
+                )
+        http.close()
+    finally:
+        daemon.stop()
+    print_table(
+        f"1b. GET /v1/usage over the unix socket ({sessions:,} sessions, SQLite; ms)",
+        ["group_by", "range", "body MB", "p50", "max"],
+        rows,
+        left=(0, 1),
+    )
+
+
+# --------------------------------------------------------------------------- 2. OpenTelemetry on/off
+
+
+class Sink:
+    """A loopback OTLP/HTTP endpoint that reads each export and answers 200 (nothing decoded)."""
+
+    def __init__(self) -> None:
+        self.exports = 0
+        self.bytes = 0
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                sink.exports += 1
+                sink.bytes += len(body)
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def otel_round(workdir: Path, name: str, clients: int, seconds: float, sink: Sink | None) -> tuple[float, float]:
+    daemon = Agentd(workdir, workdir / f"{name}-state", name)
+    daemon.config_path.write_text(
+        '[intelligence]\nprovider = "scripted"\nmodel = "echo-small"\n\n'
+        '[[assistants]]\nname = "a"\nsystem = "You help."\nfirst_message_mode = "assistant-waits-for-user"\n'
+    )
+    if sink is not None:
+        daemon.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.endpoint
+        daemon.env["OTEL_SERVICE_NAME"] = "agentd-bench"
+    else:
+        for key in [k for k in daemon.env if k.startswith("OTEL_")]:
+            del daemon.env[key]
+    daemon.start()
+    try:
+        sessions, _ = open_sessions(daemon, clients, assistant="a", wait=True)
+        result = throughput(daemon, sessions, seconds)
+    finally:
+        daemon.stop()
+    return result.turns / result.seconds, percentile(result.latencies, 50) * 1000
+
+
+def otel_figures(workdir: Path, clients: int, seconds: float, rounds: int) -> None:
+    sink = Sink()
+    rows, off, on = [], [], []
+    try:
+        for n in range(rounds):
+            for label in ("off", "on"):
+                rate, p50 = otel_round(workdir, f"otel-{label}-{n}", clients, seconds, sink if label == "on" else None)
+                (on if label == "on" else off).append(rate)
+                rows.append([f"{n + 1}", label, f"{rate:.0f}", f"{p50:.1f}"])
+    finally:
+        sink.close()
+    print_table(
+        f"2. Turns/s at {clients} clients, OpenTelemetry off and on (OTLP/HTTP to a loopback sink)",
+        ["round", "otel", "turns/s", "p50 ms"],
+        rows,
+        left=(1,),
+    )
+    mean_off, mean_on = sum(off) / len(off), sum(on) / len(on)
+    print(
+        f"mean off {mean_off:.0f} turns/s, on {mean_on:.0f} turns/s: {100 * (1 - mean_on / mean_off):+.1f} % drop"
+        f"; the sink took {sink.exports} exports, {sink.bytes / 1e6:.1f} MB"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=100_000)
+    parser.add_argument("--turns", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--skip-usage", action="store_true")
+    parser.add_argument("--skip-otel", action="store_true")
+    args = parser.parse_args()
+    began, fingerprint = time.monotonic(), source_fingerprint()
+    print(f"bench/usage.py; load average {loadavg()}; sources {fingerprint}")
+    with tempfile.TemporaryDirectory(prefix="agentd-usage-") as tmp:
+        workdir = Path(tmp)
+        if not args.skip_usage:
+            usage_figures(workdir, args.sessions, args.turns, args.repeat)
+        if not args.skip_otel:
+            otel_figures(workdir, args.clients, args.seconds, args.rounds)
+    print_run_end(began, fingerprint)
+
+
+if __name__ == "__main__":
+    main()
