@@ -13,7 +13,9 @@ different currencies: a total that leaves something out would be wrong, not appr
 from __future__ import annotations
 
 import decimal
-from collections.abc import Iterable, Sequence
+import gc
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from decimal import Decimal
 from typing import Final
 
@@ -168,64 +170,80 @@ def _model_view(model: str, u: Usage, cost: Cost | None) -> ModelUsageView:
     )
 
 
-class _Sum:
-    """A running total of usage and of its exact cost; the cost is lost (None) for good once a part
-    is unpriced or in another currency (``add_costs``'s rule, without a list per group)."""
+_Part = tuple[Usage, Decimal | None, str | None]  # a line's usage, its exact amount (None: unpriced), currency
 
-    __slots__ = ("amount", "currency", "priced", "usage")
 
-    def __init__(self) -> None:
-        self.usage = Usage()
-        self.amount = Decimal(0)
-        self.currency: str | None = None
-        self.priced = True
+def _fold(parts: Sequence[_Part]) -> tuple[Usage, Cost | None]:
+    """Parts summed: their usage, and their cost by ``add_costs``'s rule (call inside the exact context)."""
+    if len(parts) == 1:  # the usual case (one model, one price): nothing to add
+        usage, amount, currency = parts[0]
+        return usage, None if amount is None or currency is None else Cost(decimal_text(amount), currency)
+    usage = sum((part[0] for part in parts), Usage())
+    currencies = {part[2] for part in parts}
+    if None in currencies or len(currencies) != 1 or any(part[1] is None for part in parts):
+        return usage, None
+    total = sum((part[1] for part in parts if part[1] is not None), Decimal(0))
+    return usage, Cost(decimal_text(total), parts[0][2] or "")
 
-    def add(self, usage: Usage, amount: Decimal | None, currency: str | None) -> None:
-        self.usage = self.usage + usage
-        if amount is None or (self.currency is not None and currency != self.currency):
-            self.priced = False
-        elif self.priced:
-            self.currency, self.amount = currency, self.amount + amount
 
-    def cost(self) -> Cost | None:
-        if not self.priced or self.currency is None:
-            return None
-        return Cost(amount=decimal_text(self.amount), currency=self.currency)
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def report(group_by: str, rows: Sequence[SpendRow], since: float | None, until: float | None) -> UsageReport:
     """``GET /v1/usage`` from the database's sums (``Store.usage_report``): each line priced exactly
     at the price it was spent at, then added up per group and per model within it, in key order."""
-    groups: dict[str, tuple[_Sum, dict[str, _Sum]]] = {}
-    with decimal.localcontext(_EXACT):
+    groups: dict[str, dict[str, list[_Part]]] = {}
+    out = []
+    # A report by session over a long range builds a few objects per session, 100,000s of them,
+    # none garbage: the cyclic collector would walk the growing heap again and again (it tripled
+    # the time, bench/usage.py). Paused for this loop only, which never awaits.
+    with _collector_paused(), decimal.localcontext(_EXACT):
         for row in rows:
             price = row.price
-            amount = _amount(row.usage, price) if price is not None else None
-            currency = price.currency if price is not None else None
-            total, models = groups.get(row.key) or groups.setdefault(row.key, (_Sum(), {}))
-            total.add(row.usage, amount, currency)
-            model = models.get(row.model) or models.setdefault(row.model, _Sum())
-            model.add(row.usage, amount, currency)
-    out = []
-    for key in sorted(groups):
-        total, models = groups[key]
-        by_model = [_model_view(name, models[name].usage, models[name].cost()) for name in sorted(models)]
-        # One model (the usual case when grouping by session): the group's total is that model's.
-        cost = by_model[0].cost if len(by_model) == 1 else total.cost()
-        u = total.usage
-        out.append(
-            UsageGroup(
-                input_tokens=u.input_tokens,
-                output_tokens=u.output_tokens,
-                cached_input_tokens=u.cached_input_tokens,
-                reasoning_tokens=u.reasoning_tokens,
-                requests=u.requests,
-                unreported=u.unreported,
-                cost=cost,
-                key=key,
-                by_model=by_model,
+            part = (
+                (row.usage, _amount(row.usage, price), price.currency) if price is not None else (row.usage, None, None)
             )
-        )
+            models = groups.get(row.key)
+            if models is None:
+                models = groups[row.key] = {}
+            models.setdefault(row.model, []).append(part)
+        for key in sorted(groups):
+            models = groups[key]
+            by_model = [_model_view(name, *_fold(models[name])) for name in sorted(models)]
+            if len(by_model) == 1:  # one model: the group's figures are its figures
+                only = by_model[0]
+                u = Usage(
+                    only.input_tokens,
+                    only.output_tokens,
+                    only.cached_input_tokens,
+                    only.reasoning_tokens,
+                    only.requests,
+                    only.unreported,
+                )
+                cost = only.cost
+            else:
+                u, cost = _fold([part for parts in models.values() for part in parts])
+            out.append(
+                UsageGroup(
+                    input_tokens=u.input_tokens,
+                    output_tokens=u.output_tokens,
+                    cached_input_tokens=u.cached_input_tokens,
+                    reasoning_tokens=u.reasoning_tokens,
+                    requests=u.requests,
+                    unreported=u.unreported,
+                    cost=cost,
+                    key=key,
+                    by_model=by_model,
+                )
+            )
     return UsageReport(
         group_by=group_by,  # type: ignore[arg-type]  # checked by the caller against USAGE_GROUPS
         since=iso(since),
