@@ -21,16 +21,19 @@ from opentelemetry.trace import SpanKind, StatusCode
 from agentd import otel
 from agentd.budget import TurnStatus
 from agentd.child.session import ChildSession
-from agentd.child.spans import turn_done
+from agentd.child.spans import tool_done, turn_done
 from agentd.child.turn import run_turn
-from agentd.config import SwapPolicy, intelligence_map, parse_config
+from agentd.config import Intelligence, SwapPolicy, intelligence_map, parse_config
+from agentd.intel.base import CompletionRequest
+from agentd.intel.openai import OpenAIProvider
 from agentd.messages import UserMessage
 from agentd.otel_sdk import SdkTracing, header_secrets
 from agentd.protocol import Event, Frame, SwapIntel
 from agentd.redact import SECRETS
 from agentd.store import Store
-from agentd.tools import resolve_tools
+from agentd.tools import ToolOutcome, resolve_tools
 from tests.daemon_harness import REPO
+from tests.fakes import FakeOpenAI, Reply, refused_url
 from tests.store_harness import Backend
 
 pytestmark = pytest.mark.anyio
@@ -248,3 +251,28 @@ async def test_the_trace_context_is_stored_with_the_turn(backend: Backend) -> No
         assert interrupted.trace == {"traceparent": TRACEPARENT}
     finally:
         await store.close()
+
+
+async def test_an_endpoint_failover_is_an_event_on_the_model_calls_span(exporter: InMemorySpanExporter) -> None:
+    with FakeOpenAI(default=Reply(content="ok")) as server:
+        dead = refused_url()
+        intelligence = Intelligence(provider="openai", endpoints=(dead + "/v1", server.url + "/v1"), model="gpt-test")
+        provider = OpenAIProvider(intelligence)
+        try:
+            with otel.tracing().chat(provider="openai", model="gpt-test", turn="t-1", generation=1, run=1):
+                await provider.complete(CompletionRequest(messages=[UserMessage(content="hi")]))
+        finally:
+            await provider.aclose()
+    (chat,) = spans(exporter)["chat gpt-test"]
+    (event,) = [e for e in chat.events if e.name == "agentd.endpoint.failover"]
+    assert (event.attributes or {})["agentd.endpoint.to"] == server.url + "/v1"
+
+
+def test_a_replayed_tool_call_is_an_event_on_its_span(exporter: InMemorySpanExporter) -> None:
+    with otel.tracing().execute_tool(tool="refund", call_id="c1", turn="t-1", generation=1, run=2) as span:
+        tool_done(span, {"amount": 5}, ToolOutcome("refunded"), "replayed", capture=False)
+    (tool,) = spans(exporter)["execute_tool refund"]
+    assert [(e.name, dict(e.attributes or {})) for e in tool.events] == [
+        ("agentd.tool.replayed", {"agentd.tool.how": "replayed"})
+    ]
+    assert "error.type" not in (tool.attributes or {}) and (tool.attributes or {})["agentd.turn.run"] == 2

@@ -100,8 +100,8 @@ class ChildSession:
 
     async def emit(self, event: str, turn: str | None = None, /, **data: Any) -> None:
         """Stream a session event to the supervisor (progress events only while someone watches)."""
-        if event in events.SPAN_EVENTS:  # swaps, restarts, transfers, waits: on the current span too
-            tracing().event(event, event_attributes(data))
+        if event in events.SPAN_EVENTS and (tracer := tracing()).enabled:  # on the current span too
+            tracer.event(event, event_attributes(data))
         if self.watched or event in events.SUPERVISOR_EVENTS:
             await self.send(Event(session=self.id, turn=turn, name=event, data=data))
 

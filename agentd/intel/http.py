@@ -418,13 +418,14 @@ class HTTPProvider:
             reason=reason,
         )
         # On the model call's span when tracing is on (RFC 0010 §4); URLs without credentials.
-        tracing().event(
-            SPAN_ENDPOINT_FAILOVER,
-            {
-                "agentd.endpoint.from": redact_url(self.endpoints.urls[from_index]),
-                "agentd.endpoint.to": redact_url(self.endpoints.urls[to_index]),
-            },
-        )
+        if (tracer := tracing()).enabled:
+            tracer.event(
+                SPAN_ENDPOINT_FAILOVER,
+                {
+                    "agentd.endpoint.from": redact_url(self.endpoints.urls[from_index]),
+                    "agentd.endpoint.to": redact_url(self.endpoints.urls[to_index]),
+                },
+            )
 
 
 async def _drain(chunks: AsyncIterator[bytes]) -> None:
