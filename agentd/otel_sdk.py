@@ -23,12 +23,12 @@ from contextlib import contextmanager
 from typing import Any, Final
 from urllib.parse import unquote
 
-from opentelemetry.context import Context
+from opentelemetry.context import Context, attach, detach
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Span as OtelSpan
-from opentelemetry.trace import SpanKind, Status, StatusCode, get_current_span
+from opentelemetry.trace import SpanKind, Status, StatusCode, get_current_span, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from agentd import __version__
@@ -107,34 +107,41 @@ class _Span:
 
 
 class _Scope:
-    """Starts a span as the current one; an exception leaving it is named by its type only."""
+    """Starts a span and makes it the current one until the block ends; an exception leaving the
+    block is named by its type only (``error.type``), never by its text."""
 
-    __slots__ = ("_manager", "_span")
+    __slots__ = ("_attributes", "_kind", "_name", "_parent", "_span", "_token", "_tracer")
 
     def __init__(
         self, tracing: SdkTracing, name: str, kind: SpanKind, attributes: dict[str, Any], parent: Context | None
     ) -> None:
-        # record_exception off: an exception's text may quote anything, a secret included.
-        self._manager = tracing.tracer.start_as_current_span(
+        self._tracer, self._name, self._kind, self._attributes, self._parent = (
+            tracing.tracer,
             name,
-            context=parent,
-            kind=kind,
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
+            kind,
+            attributes,
+            parent,
         )
         self._span: _Span | None = None
+        self._token: object = None
 
     def __enter__(self) -> _Span:
-        self._span = _Span(self._manager.__enter__())
+        # start_span + attach rather than start_as_current_span: no generator per span, and no
+        # exception recording (record_exception would put an exception's text in the span).
+        span = self._tracer.start_span(self._name, context=self._parent, kind=self._kind, attributes=self._attributes)
+        self._token = attach(set_span_in_context(span))
+        self._span = _Span(span)
         return self._span
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool | None:
         span = self._span
-        recording = exc is not None and span is not None and span.span.is_recording()
-        if recording and span is not None and "error.type" not in (getattr(span.span, "attributes", None) or {}):
-            span.fail(type(exc).__qualname__)
-        self._manager.__exit__(kind, exc, tb)
+        assert span is not None
+        try:
+            if exc is not None and "error.type" not in (getattr(span.span, "attributes", None) or {}):
+                span.fail(type(exc).__qualname__)
+        finally:
+            detach(self._token)  # type: ignore[arg-type]
+            span.span.end()
         return None
 
 

@@ -275,6 +275,90 @@ def otel_figures(workdir: Path, clients: int, seconds: float, rounds: int) -> No
     )
 
 
+# --------------------------------------------------------------------------- 3. the loop's own cost
+
+LOOP_CONFIG = """
+[intelligence]
+provider = "scripted"
+model = "echo-small"
+
+[[assistants]]
+name = "a"
+system = "You help."
+tools = ["clock"]
+"""
+
+
+async def _turns(count: int) -> None:
+    """``count`` turns of the child's loop in process (as ``agentd.child.runtime`` runs them), each
+    with one tool call and two model calls: with tracing on, 4 spans a turn."""
+    from agentd.child.session import ChildSession
+    from agentd.child.spans import turn_done
+    from agentd.child.turn import run_turn
+    from agentd.config import SwapPolicy, intelligence_map, parse_config
+    from agentd.messages import UserMessage
+    from agentd.otel import tracing
+    from agentd.tools import resolve_tools
+
+    config = parse_config(LOOP_CONFIG)
+    tools = resolve_tools(["clock"])
+
+    async def send(_: Any) -> None:
+        return None
+
+    session = None
+    for n in range(count):
+        if n % 10 == 0:  # short transcripts: the figure is per turn, not per history length
+            session = ChildSession(
+                "s", "a", [], config, intelligence_map(config), config.limits, 1, SwapPolicy.RESTART_TURN, send
+            )
+        assert session is not None
+        turn = f"t{n}"
+        with tracing().invoke_agent(assistant="a", session="s", turn=turn, generation=1, run=1, carrier={}) as span:
+            done = await run_turn(session, turn, UserMessage(content="use clock", turn=turn), tools)
+            turn_done(span, done.record)
+
+
+def loop_figures(turns: int, rounds: int) -> None:
+    """Figure 3: the turn loop's CPU per turn in this process, tracing off, then on (OTLP/HTTP, batched, to the sink)."""
+    from agentd import otel
+    from agentd.otel_sdk import SdkTracing
+
+    sink = Sink()
+    rows, off, on = [], [], []
+    try:
+        anyio.run(_turns, 200)  # warm-up: imports, caches
+        for n in range(rounds):
+            for label in ("off", "on"):
+                previous = None
+                if label == "on":
+                    previous = otel.install(SdkTracing({"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint}))
+                # CPU of every thread of this process — the exporter's too, its final flush included.
+                began = time.process_time()
+                try:
+                    anyio.run(_turns, turns)
+                finally:
+                    if previous is not None:
+                        otel.tracing().shutdown()
+                        otel.install(previous)
+                seconds = time.process_time() - began
+                (on if label == "on" else off).append(seconds / turns)
+                rows.append([f"{n + 1}", label, f"{seconds / turns * 1e6:.0f}"])
+    finally:
+        sink.close()
+    print_table(
+        f"3. The child's turn loop in process: CPU per turn (µs; {turns} turns, 2 model calls and 1 tool call each)",
+        ["round", "otel", "CPU µs/turn"],
+        rows,
+        left=(1,),
+    )
+    mean_off, mean_on = sum(off) / len(off), sum(on) / len(on)
+    print(
+        f"mean off {mean_off * 1e6:.0f} µs, on {mean_on * 1e6:.0f} µs per turn: {100 * (mean_on / mean_off - 1):+.1f} %"
+        f" CPU; the sink took {sink.exports} exports"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=100_000)
@@ -285,6 +369,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-usage", action="store_true")
     parser.add_argument("--skip-otel", action="store_true")
+    parser.add_argument("--loop-turns", type=int, default=2000)
     args = parser.parse_args()
     began, fingerprint = time.monotonic(), source_fingerprint()
     print(f"bench/usage.py; load average {loadavg()}; sources {fingerprint}")
@@ -293,6 +378,7 @@ def main() -> None:
         if not args.skip_usage:
             usage_figures(workdir, args.sessions, args.turns, args.repeat)
         if not args.skip_otel:
+            loop_figures(args.loop_turns, args.rounds)
             otel_figures(workdir, args.clients, args.seconds, args.rounds)
     print_run_end(began, fingerprint)
 
