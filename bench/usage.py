@@ -322,8 +322,10 @@ async def _turns(count: int) -> None:
 def loop_figures(turns: int, rounds: int) -> None:
     """Figure 3: the turn loop's CPU per turn in this process, tracing off, then on (OTLP/HTTP, batched, to the sink)."""
     from agentd import otel
+    from agentd.obs import configure_logging
     from agentd.otel_sdk import SdkTracing
 
+    configure_logging(level="warning")  # the loop logs each turn at debug: not what is measured
     sink = Sink()
     rows, off, on = [], [], []
     try:
