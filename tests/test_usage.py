@@ -423,3 +423,13 @@ def test_a_report_prices_each_line_and_adds_up_exactly(
             parts = [r for r in mine if r.model == model.model]
             assert model.requests == len(parts)
             assert model.cost == add_costs(cost_of(r.usage, r.price) if r.price else None for r in parts)
+
+
+@given(st.decimals(min_value=0, max_value=10**6, places=6, allow_nan=False, allow_infinity=False))
+def test_a_price_written_as_a_toml_number_is_that_exact_decimal(price: Decimal) -> None:
+    literal = format(price, "f")
+    if "." not in literal:
+        literal += ".0"  # a TOML float, not an integer
+    config = parse_config(BASE_CONFIG + f'[[prices]]\nmodel = "m"\ninput_per_mtok = {literal}\noutput_per_mtok = 1\n')
+    parsed = config.price("m")
+    assert parsed is not None and parsed.input_per_mtok == price
