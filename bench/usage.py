@@ -40,7 +40,8 @@ import anyio
 from scale import Agentd, Http, loadavg, open_sessions, print_run_end, source_fingerprint, throughput
 from tables import percentile, print_table
 
-from agentd.store import SqliteStore
+from agentd.store import SqliteStore, Store
+from agentd.store.postgres import PostgresStore
 from agentd.usage import report
 
 ASSISTANTS = [f"assistant-{n}" for n in range(10)]
@@ -57,51 +58,75 @@ GROUPS = ("model", "assistant", "session")
 # --------------------------------------------------------------------------- 1. GET /v1/usage
 
 
+SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_at"
+TURN_COLUMNS = "session, id, status, started_at, ended_at, input_tokens, output_tokens"
+SPEND_COLUMNS = (
+    "session, turn, assistant, model, ended_at, input_tokens, output_tokens, cached_input_tokens,"
+    " reasoning_tokens, requests, unreported, currency, input_price, output_price, cached_input_price"
+)
+
+
+def rows(
+    sessions: int, turns: int, now: float
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The sessions, their ``turns`` ended turns each and their spend rows (the same on every run)."""
+    rng = random.Random(7)
+    session_rows = [
+        (f"s_{i:08x}", ASSISTANTS[i % len(ASSISTANTS)], "idle", 1, MODELS[i % len(MODELS)][0], now - 30 * DAY, now)
+        for i in range(sessions)
+    ]
+    spend, turn_rows = [], []
+    for i in range(sessions):
+        model, pin, pout, pcached = MODELS[i % len(MODELS)]
+        for t in range(turns):
+            ended = now - rng.random() * 30 * DAY
+            inp, out = rng.randrange(100, 20000), rng.randrange(10, 2000)
+            cached = inp // 4 if pcached else 0
+            turn_rows.append((f"s_{i:08x}", f"t_{t}", "completed", ended - 1, ended, inp, out))
+            spend.append(
+                (f"s_{i:08x}", f"t_{t}", ASSISTANTS[i % len(ASSISTANTS)], model, ended, inp, out, cached, 0, 1, 0)
+                + (("USD", pin, pout, pcached) if pin else (None, None, None, None))
+            )
+    return session_rows, turn_rows, spend
+
+
+def fill_postgres(url: str, sessions: int, turns: int, now: float) -> int:
+    """As ``fill``, into a migrated PostgreSQL database (COPY)."""
+    import psycopg
+
+    session_rows, turn_rows, spend = rows(sessions, turns, now)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table, columns, data in (
+            ("sessions", SESSION_COLUMNS, session_rows),
+            ("turns", TURN_COLUMNS, turn_rows),
+            ("turn_spend", SPEND_COLUMNS, spend),
+        ):
+            with conn.cursor().copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                for row in data:
+                    copy.write_row(row)
+        conn.execute("ANALYZE")
+    return len(spend)
+
+
 def fill(db: Path, sessions: int, turns: int, now: float) -> int:
     """``sessions`` sessions with ``turns`` ended turns each and their spend rows; the row count."""
-    rng = random.Random(7)
+    session_rows, turn_rows, spend = rows(sessions, turns, now)
     conn = sqlite3.connect(db)
     with conn:
+        conn.executemany(f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", session_rows)
         conn.executemany(
-            "INSERT INTO sessions (id, assistant, state, generation, model, created_at, updated_at)"
-            " VALUES (?, ?, 'idle', 1, ?, ?, ?)",
-            (
-                (f"s_{i:08x}", ASSISTANTS[i % len(ASSISTANTS)], MODELS[i % len(MODELS)][0], now - 30 * DAY, now)
-                for i in range(sessions)
-            ),
-        )
-        spend = []
-        turn_rows = []
-        for i in range(sessions):
-            model, pin, pout, pcached = MODELS[i % len(MODELS)]
-            for t in range(turns):
-                ended = now - rng.random() * 30 * DAY
-                inp, out = rng.randrange(100, 20000), rng.randrange(10, 2000)
-                cached = inp // 4 if pcached else 0
-                turn_rows.append((f"s_{i:08x}", f"t_{t}", ended - 1, ended, inp, out))
-                spend.append(
-                    (f"s_{i:08x}", f"t_{t}", ASSISTANTS[i % len(ASSISTANTS)], model, ended, inp, out, cached, 0, 1, 0)
-                    + (("USD", pin, pout, pcached) if pin else (None, None, None, None))
-                )
-        conn.executemany(
-            "INSERT INTO turns (session, id, status, started_at, ended_at, input_tokens, output_tokens)"
-            " VALUES (?, ?, 'completed', ?, ?, ?, ?)",
+            f"INSERT INTO turns ({TURN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
             turn_rows,
         )
-        conn.executemany(
-            "INSERT INTO turn_spend (session, turn, assistant, model, ended_at, input_tokens, output_tokens,"
-            " cached_input_tokens, reasoning_tokens, requests, unreported, currency, input_price, output_price,"
-            " cached_input_price) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            spend,
-        )
+        conn.executemany(f"INSERT INTO turn_spend ({SPEND_COLUMNS}) VALUES ({', '.join('?' * 15)})", spend)
     conn.execute("ANALYZE")
     conn.close()
     return len(spend)
 
 
-async def _store_figures(db: Path, repeat: int, now: float) -> list[list[str]]:
-    store = await SqliteStore.open(db)
-    rows = []
+async def _store_figures(db: Path | str, repeat: int, now: float) -> list[list[str]]:
+    store: Store = await SqliteStore.open(db) if isinstance(db, Path) else await PostgresStore.open(db)
+    table = []
     try:
         for group in GROUPS:
             for since in (None, now - DAY):
@@ -113,7 +138,7 @@ async def _store_figures(db: Path, repeat: int, now: float) -> list[list[str]]:
                     groups = len(report(group, lines, since, None).groups)
                     if n:
                         samples.append((summed, time.perf_counter() - began))
-                rows.append(
+                table.append(
                     [
                         group,
                         "1 day" if since else "all",
@@ -125,7 +150,31 @@ async def _store_figures(db: Path, repeat: int, now: float) -> list[list[str]]:
                 )
     finally:
         await store.close()
-    return rows
+    return table
+
+
+def postgres_figures(sessions: int, turns: int, repeat: int) -> None:
+    """Figure 1c: the store's sum and the pricing on PostgreSQL (the test suite's server)."""
+    from tests.pg_harness import pg_server
+
+    with pg_server() as server, server.database() as url:
+        anyio.run(_migrate_postgres, url)
+        now = time.time()
+        began = time.monotonic()
+        count = fill_postgres(url, sessions, turns, now)
+        print(f"filled PostgreSQL with {sessions:,} sessions, {count:,} spend rows in {time.monotonic() - began:.1f}s")
+        figures = anyio.run(_store_figures, url, repeat, now)
+    print_table(
+        f"1c. Store.usage_report + exact pricing, in process ({sessions:,} sessions, PostgreSQL; ms)",
+        ["group_by", "range", "groups", "sum p50", "sum+price p50", "max"],
+        figures,
+        left=(0, 1),
+    )
+
+
+async def _migrate_postgres(url: str) -> None:
+    store = await PostgresStore.open(url)
+    await store.close()
 
 
 def usage_figures(workdir: Path, sessions: int, turns: int, repeat: int) -> None:
@@ -372,6 +421,7 @@ def main() -> None:
     parser.add_argument("--skip-usage", action="store_true")
     parser.add_argument("--skip-otel", action="store_true")
     parser.add_argument("--loop-turns", type=int, default=2000)
+    parser.add_argument("--postgres", action="store_true", help="also figure 1c, on the test suite's PostgreSQL")
     args = parser.parse_args()
     began, fingerprint = time.monotonic(), source_fingerprint()
     print(f"bench/usage.py; load average {loadavg()}; sources {fingerprint}")
@@ -379,6 +429,8 @@ def main() -> None:
         workdir = Path(tmp)
         if not args.skip_usage:
             usage_figures(workdir, args.sessions, args.turns, args.repeat)
+            if args.postgres:
+                postgres_figures(args.sessions, args.turns, args.repeat)
         if not args.skip_otel:
             loop_figures(args.loop_turns, args.rounds)
             otel_figures(workdir, args.clients, args.seconds, args.rounds)
