@@ -16,6 +16,7 @@ headers may hold credentials, which tools must not read).
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Mapping
 from types import TracebackType
@@ -33,6 +34,7 @@ __all__ = [
     "telemetry_environment",
     "trace_carrier",
     "tracing",
+    "tracing_unavailable",
 ]
 
 #: Any of these set turns tracing on (the OpenTelemetry SDK's own variables).
@@ -51,6 +53,24 @@ def configured(environ: Mapping[str, str]) -> bool:
     if exporters == {"none"}:
         return False
     return any(environ.get(name, "").strip() for name in TRIGGERS)
+
+
+def tracing_unavailable(environ: Mapping[str, str]) -> str | None:
+    """Why the traces ``environ`` asks for cannot be made (``agentd[otel]`` is not installed), or None.
+
+    Looked up without importing anything of it (``importlib.util.find_spec`` of the exporter's
+    package), and only when traces are asked for.
+    """
+    if not configured(environ):
+        return None
+    try:
+        found = importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        found = False
+    if found:
+        return None
+    asked = ", ".join(name for name in TRIGGERS if environ.get(name, "").strip())
+    return f"OpenTelemetry traces are asked for ({asked}) but not installed: pip install 'agentd[otel]'"
 
 
 def telemetry_environment(environ: Mapping[str, str]) -> dict[str, str]:

@@ -276,3 +276,12 @@ def test_a_replayed_tool_call_is_an_event_on_its_span(exporter: InMemorySpanExpo
         ("agentd.tool.replayed", {"agentd.tool.how": "replayed"})
     ]
     assert "error.type" not in (tool.attributes or {}) and (tool.attributes or {})["agentd.turn.run"] == 2
+
+
+def test_traces_asked_for_without_the_extra_installed_are_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
+    assert otel.tracing_unavailable(asked) is None  # installed here (the test extra)
+    assert otel.tracing_unavailable({}) is None
+    monkeypatch.setattr(otel.importlib.util, "find_spec", lambda name: None)
+    message = otel.tracing_unavailable(asked)
+    assert message is not None and "OTEL_EXPORTER_OTLP_ENDPOINT" in message and "agentd[otel]" in message
