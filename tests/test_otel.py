@@ -285,3 +285,29 @@ def test_traces_asked_for_without_the_extra_installed_are_a_clear_error(monkeypa
     monkeypatch.setattr(otel.importlib.util, "find_spec", lambda name: None)
     message = otel.tracing_unavailable(asked)
     assert message is not None and "OTEL_EXPORTER_OTLP_ENDPOINT" in message and "agentd[otel]" in message
+
+
+async def test_a_transfer_is_a_span_event_and_the_opener_a_model_call_of_the_destination(
+    exporter: InMemorySpanExporter,
+) -> None:
+    config = (
+        CONFIG
+        + """
+[[assistants.transfers]]
+to = "billing"
+
+[[assistants]]
+name = "billing"
+system = "You bill."
+first_message_mode = "assistant-speaks-first-with-model-generated-message"
+"""
+    )
+    done = await _turn("please transfer me to billing", config)
+    assert done.record.status is TurnStatus.TRANSFERRED
+    (agent,) = spans(exporter)["invoke_agent main"]
+    (transfer,) = [e for e in agent.events if e.name == "transfer"]
+    assert (transfer.attributes or {})["agentd.to"] == "billing"
+    assert (transfer.attributes or {})["agentd.from"] == "main"
+    # The generated opener is a model call too, its spend on the destination assistant.
+    assert len(spans(exporter)["chat echo-small"]) == 2
+    assert {part.assistant for part in done.record.by_model} == {"main", "billing"}
