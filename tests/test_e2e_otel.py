@@ -5,7 +5,9 @@ unconfigured, its children import nothing of OpenTelemetry.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +128,12 @@ def test_without_opentelemetry_configured_a_child_imports_none_of_it(tmp_path: P
         result = daemon.send(session, 'call tool loaded_modules {"prefix": "opentelemetry"}')
         (answer,) = [m for m in result["messages"] if m["role"] == "tool"]
         assert json.loads(answer["content"]) == []
-        # And the supervisor was asked for no trace context: a traceparent is ignored, not stored.
+        # Tracing off, the supervisor keeps no trace context: a traceparent is ignored, not stored.
         assert daemon.client is not None
         traced = daemon.client.post(
             f"/v1/sessions/{session}/messages", json={"content": "hi"}, headers={"traceparent": TRACEPARENT}
         )
         assert traced.status_code == 200
+        with contextlib.closing(sqlite3.connect(daemon.state_dir / "agentd.db")) as db:
+            stored = db.execute("SELECT trace FROM turns WHERE id = ?", (traced.json()["turn"]["id"],)).fetchall()
+        assert stored == [(None,)]
