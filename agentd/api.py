@@ -38,9 +38,11 @@ from agentd.apicommon import (
     JSONResponse,
     decode_bytes,
     error_response,
+    instant_param,
     is_number,
     on_service_error,
     read_body,
+    request_trace,
     status_of,
 )
 from agentd.apikeys import CREDENTIAL, idempotent
@@ -77,6 +79,7 @@ from agentd.views import (
     SessionSummary,
     SessionView,
     StatusView,
+    UsageReport,
 )
 
 __all__ = [
@@ -122,9 +125,14 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("/v1/sessions/{id}/messages", "POST", "post_message"),
     ("/v1/sessions/{id}/events", "GET", "session_events"),
     ("/v1/sessions/{id}/cancel", "POST", "cancel"),
+    ("/v1/usage", "GET", "usage"),
     ("/metrics", "GET", "metrics"),
     ("/v1/openapi.json", "GET", "openapi"),
 )
+
+#: What ``GET /v1/usage`` groups by (RFC 0011 §2).
+USAGE_GROUP_BY = ("assistant", "model", "session")
+
 
 #: The OpenAI-compatible door's routes (RFC 0010), served like the others, answering errors in its shape.
 DOOR_ROUTES: tuple[tuple[str, str, str], ...] = (
@@ -208,6 +216,17 @@ DOCS: dict[str, RouteDoc] = {
         {200: list[ReloadView]},
         errors=_codes(STORE, {400: ("bad_limit",)}),
         query={"limit": ({"type": "integer", "minimum": 1, "maximum": RELOAD_HISTORY_MAX}, "how many (default 100)")},
+        error_body=ErrorBody,
+    ),
+    "usage": RouteDoc(
+        "usage and cost of the turns that ended in a time range, grouped",
+        {200: UsageReport},
+        errors=_codes(STORE, {400: ("bad_usage_query",)}),
+        query={
+            "group_by": ({"type": "string", "enum": list(USAGE_GROUP_BY)}, "what to group by (default model)"),
+            "since": ({"type": "string"}, "epoch seconds or an ISO 8601 time: turns that ended at or after it"),
+            "until": ({"type": "string"}, "epoch seconds or an ISO 8601 time: turns that ended before it"),
+        },
         error_body=ErrorBody,
     ),
     "get_session": RouteDoc(
@@ -471,6 +490,7 @@ def build_app(supervisor: Service, console: ASGIApp | None = None) -> Starlette:
                 body,
                 turn_id=claim.turn if claim else None,
                 resumed=claim.resumed if claim else False,
+                trace=request_trace(request),
             )
             return JSONResponse(result, status_code=202 if isinstance(result, Accepted) else 200)
 
@@ -485,6 +505,16 @@ def build_app(supervisor: Service, console: ASGIApp | None = None) -> Starlette:
 
     async def session_events(request: Request) -> Response:
         return await event_stream(supervisor, request.path_params["id"])
+
+    async def usage(request: Request) -> Response:
+        group_by = request.query_params.get("group_by", "model")
+        if group_by not in USAGE_GROUP_BY:
+            raise BadInput(
+                f"group_by must be one of {', '.join(USAGE_GROUP_BY)}, not {group_by!r}", code="bad_usage_query"
+            )
+        since = instant_param("since", request.query_params.get("since"))
+        until = instant_param("until", request.query_params.get("until"))
+        return JSONResponse(await supervisor.usage(group_by, since=since, until=until))
 
     async def metrics(_: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
@@ -509,6 +539,7 @@ def build_app(supervisor: Service, console: ASGIApp | None = None) -> Starlette:
         "post_message": post_message,
         "session_events": session_events,
         "cancel": cancel,
+        "usage": usage,
         "metrics": metrics,
         "openapi": openapi,
         **door_handlers(supervisor),

@@ -7,7 +7,10 @@ routes, RFC 0010) both build on it; each answers errors in its own shape, with t
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
+import re
 from typing import Any
 
 import msgspec
@@ -24,6 +27,8 @@ from agentd.errors import (
     TooLarge,
     Unavailable,
 )
+from agentd.otel import configured as tracing_configured
+from agentd.otel import trace_carrier
 from agentd.views import ErrorBody, ErrorDetail
 
 __all__ = [
@@ -154,3 +159,36 @@ def lone_surrogate(body: bytes) -> str | None:
         elif isinstance(item, list):
             pending.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(item))))
     return None
+
+
+def request_trace(request: Request) -> dict[str, str] | None:
+    """The request's W3C trace context (``traceparent``), which the turn's spans join, when traces
+    are on (RFC 0011 §4); None when they are off (nothing of it is kept)."""
+    if not _TRACING_ON:
+        return None
+    return trace_carrier(request.headers) or None
+
+
+#: Whether the ``OTEL_*`` variables ask for traces: read once (the daemon's environment is fixed).
+_TRACING_ON = tracing_configured(os.environ)
+
+
+_EPOCH = re.compile(r"-?[0-9]{1,12}(\.[0-9]{1,9})?")
+
+
+def instant_param(name: str, text: str | None) -> float | None:
+    """A ``since``/``until`` query parameter: epoch seconds or an ISO 8601 time (UTC unless it says)."""
+    if not text:
+        return None
+    if _EPOCH.fullmatch(text):
+        return float(text)
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise BadInput(
+            f"{name} must be epoch seconds or an ISO 8601 time like 2026-01-31T00:00:00Z, not {text!r}",
+            code="bad_usage_query",
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.timestamp()

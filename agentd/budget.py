@@ -33,14 +33,32 @@ class TurnStatus(enum.StrEnum):
     FAILED = "failed"
 
 
-class Usage(msgspec.Struct, frozen=True):
-    """Tokens spent (both counts always present, on the wire and in the API)."""
+class Usage(msgspec.Struct, frozen=True, gc=False):  # ints only: no cycle, not GC-tracked
+    """What model calls spent, as their servers reported it (every count always present, on the
+    wire and in the API; RFC 0011 §1).
+
+    ``cached_input_tokens`` and ``reasoning_tokens`` are parts of ``input_tokens`` and
+    ``output_tokens`` (as servers count them), never added to them. ``requests`` counts model
+    calls that answered; ``unreported`` those of them whose server reported no usage at all
+    (their tokens are unknown, never guessed: they count 0 here).
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    requests: int = 0
+    unreported: int = 0
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens)
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+            self.requests + other.requests,
+            self.unreported + other.unreported,
+        )
 
     @property
     def total(self) -> int:

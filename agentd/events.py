@@ -55,6 +55,14 @@ SESSION_EVENTS: Final = frozenset(
 #: Events a child sends even when nobody watches the session: the supervisor acts on them (readiness).
 SUPERVISOR_EVENTS: Final = frozenset({INTEL_WAITING, INTEL_RECOVERED})
 
+# --- span events (RFC 0011 §4): on the turn's ``invoke_agent`` span (or the span current then) ----
+#: Session events that are also span events, under the same names, when tracing is on.
+SPAN_EVENTS: Final = frozenset({SWAP_PARKED, SWAP_APPLIED, TURN_RESTARTED, TRANSFER, INTEL_WAITING, INTEL_RECOVERED})
+SPAN_TURN_RERUN: Final = "agentd.turn.rerun"  # the turn runs again on this replica (its child was lost)
+SPAN_TURN_RESUMED: Final = "agentd.turn.resumed"  # a daemon restart or a failover: the turn resumes from the store
+SPAN_TOOL_REPLAYED: Final = "agentd.tool.replayed"  # the journal answered a tool call (RFC 0008 §5)
+SPAN_ENDPOINT_FAILOVER: Final = "agentd.endpoint.failover"  # a model call moved to another endpoint
+
 # --- log events (RFC 0000 §8, RFC 0002 §9) ------------------------------------------------------
 LOG_SWAP_SENT: Final = "intel.swap.sent"
 LOG_SWAP_ACKED: Final = "intel.swap.acked"  # debug: one child acknowledged

@@ -10,13 +10,16 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
 import structlog
 
 from agentd.redact import scrub_log_secrets
+
+if TYPE_CHECKING:
+    from agentd.records import ModelSpend
 
 __all__ = ["LogFormat", "LogLimiter", "Metrics", "configure_logging", "get_logger"]
 
@@ -179,6 +182,34 @@ class Metrics:
             ["event"],
             registry=self.registry,
         )
+        # RFC 0011 §3: what committed turns spent, discarded attempts included.
+        self.tokens = Counter(
+            "agentd_tokens",
+            "Tokens spent by ended turns, by model and type (input, output, cached_input, reasoning)",
+            ["model", "type"],
+            registry=self.registry,
+        )
+        self.cost = Counter(
+            "agentd_cost",
+            "What ended turns cost, by model and currency (exact figures: GET /v1/usage)",
+            ["model", "currency"],
+            registry=self.registry,
+        )
+
+    def count_spend(self, spend: Iterable[ModelSpend]) -> None:
+        """Add a committed turn's per-model spend to ``agentd_tokens_total`` and ``agentd_cost_total``."""
+        for part in spend:
+            usage = part.usage
+            for kind, count in (
+                ("input", usage.input_tokens),
+                ("output", usage.output_tokens),
+                ("cached_input", usage.cached_input_tokens),
+                ("reasoning", usage.reasoning_tokens),
+            ):
+                if count:
+                    self.tokens.labels(model=part.model, type=kind).inc(count)
+            if part.cost is not None:
+                self.cost.labels(model=part.model, currency=part.cost.currency).inc(float(part.cost.amount))
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

@@ -108,6 +108,9 @@ class Spawn(_Frame, frozen=True, tag="spawn", kw_only=True):
     # ``headers_from``; RFC 0008 §3): the child reads secrets from here, not from its own
     # environment, so they reach it whatever environment it was started with, and after a reload.
     secrets: ChildEnv | None = None
+    # The supervisor's ``OTEL_*`` variables when tracing is on (RFC 0011 §4): the child builds its
+    # exporter from them without putting them in its environment (headers may hold credentials).
+    telemetry: ChildEnv | None = None
 
 
 class Ready(_Frame, frozen=True, tag="ready", kw_only=True):
@@ -179,6 +182,12 @@ class Input(_Frame, frozen=True, tag="input", kw_only=True):
     run: int = 0
     # What earlier runs of this turn journaled (RFC 0008 §5): reused, never run again.
     journal: list[JournalEntry] = []
+    # The W3C trace context (``traceparent``, ``tracestate``) the turn's spans are children of,
+    # when tracing is on (RFC 0011 §4): the child's model and tool spans join the request's trace.
+    trace: dict[str, str] = {}
+    # Whether the turn resumed from the store (a daemon restart or a failover) rather than being
+    # accepted here (a span event; ``run`` above is ``agentd.turn.run``).
+    resumed: bool = False
 
 
 class Watch(_Frame, tag="watch", frozen=True, kw_only=True):

@@ -16,9 +16,19 @@ from typing import Any, Final, Literal
 import msgspec
 
 from agentd.budget import TurnStatus, Usage
+from agentd.config import Price
 from agentd.messages import UserMessage
 
-__all__ = ["PENDING", "Discarded", "JournalEntry", "SessionState", "StartedTurn", "TurnRecord"]
+__all__ = [
+    "PENDING",
+    "Cost",
+    "Discarded",
+    "JournalEntry",
+    "ModelSpend",
+    "SessionState",
+    "StartedTurn",
+    "TurnRecord",
+]
 
 SessionState = Literal["idle", "running", "failed", "closed"]
 
@@ -26,13 +36,36 @@ SessionState = Literal["idle", "running", "failed", "closed"]
 PENDING: Final = "pending"
 
 
+class Cost(msgspec.Struct, frozen=True, gc=False):  # strings only: not GC-tracked
+    """What tokens cost: ``amount`` the exact decimal (a string, never a float, never rounded)."""
+
+    amount: str
+    currency: str
+
+
+class ModelSpend(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a turn spent on one model while one assistant ran it (RFC 0011 §2).
+
+    ``price`` is the ``[[prices]]`` entry that applied when the turn ended (None: the model has
+    none, and ``cost`` is None too); the supervisor sets both, the child reports the usage only.
+    """
+
+    assistant: str
+    model: str
+    usage: Usage = Usage()
+    price: Price | None = None
+    cost: Cost | None = None
+
+
 class Discarded(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A turn attempt thrown away by restart-turn: the model it ran on, its steps, why, what it spent."""
+    """A turn attempt thrown away by restart-turn: the model it ran on, its steps, why, what it
+    spent, and what that cost (None: unpriced, or not priced yet)."""
 
     model: str
     steps: int
     reason: str
     usage: Usage = Usage()
+    cost: Cost | None = None
 
 
 class TurnRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -52,6 +85,10 @@ class TurnRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     started_at: float
     ended_at: float
     error: str | None = None
+    # What ``usage`` cost, fixed when the turn ended (None: some of it has no price), and the
+    # spend per assistant and model it sums, discarded attempts included (RFC 0011 §2).
+    cost: Cost | None = None
+    by_model: tuple[ModelSpend, ...] = ()
 
 
 class StartedTurn(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +101,7 @@ class StartedTurn(msgspec.Struct, frozen=True, kw_only=True):
     message: UserMessage | None
     started_at: float
     cancel_requested: bool = False  # asked on another replica: end it cancelled, do not run it
+    trace: dict[str, str] = {}  # the W3C trace context of the request that began it (RFC 0011 §4)
 
 
 class JournalEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -6,7 +6,7 @@ native routes (``agentd.api``) and the OpenAI-compatible ones (``agentd.door``) 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -23,6 +23,7 @@ from agentd.views import (
     SessionSummary,
     SessionView,
     StatusView,
+    UsageReport,
 )
 
 __all__ = ["Claim", "Replay", "Service"]
@@ -57,8 +58,15 @@ class Service(Protocol):
     async def get_session(self, session_id: str) -> SessionView: ...
     async def session_of_turn(self, turn_id: str) -> str: ...
     async def send_message(
-        self, session_id: str, body: PostMessage, *, turn_id: str | None = None, resumed: bool = False
+        self,
+        session_id: str,
+        body: PostMessage,
+        *,
+        turn_id: str | None = None,
+        resumed: bool = False,
+        trace: Mapping[str, str] | None = None,
     ) -> MessageResult | Accepted: ...
+    async def usage(self, group_by: str, *, since: float | None, until: float | None) -> UsageReport: ...
     async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[tuple[str, dict[str, Any]]]: ...
     def unsubscribed(self, session_id: str) -> None: ...
     async def cancel(self, session_id: str) -> str: ...

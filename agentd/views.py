@@ -14,13 +14,14 @@ import msgspec
 from agentd.budget import Usage
 from agentd.config import ConfigIssue
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolResult, UserMessage
-from agentd.records import PENDING, Discarded, SessionState, StartedTurn, TurnRecord
+from agentd.records import PENDING, Cost, Discarded, SessionState, StartedTurn, TurnRecord
 
 __all__ = [
     "Accepted",
     "Cancelling",
     "ChildView",
     "CreateSession",
+    "DiscardedView",
     "Entry",
     "ErrorBody",
     "ErrorDetail",
@@ -38,10 +39,14 @@ __all__ = [
     "StatusView",
     "ToolCallView",
     "TurnView",
+    "UsageGroup",
+    "UsageReport",
+    "UsageView",
     "entry_from_message",
     "iso",
     "turn_done_event",
     "turn_view",
+    "usage_view",
 ]
 
 #: The fields of a turn's view that the ``turn.done`` event carries (with the turn's new ``messages``).
@@ -129,6 +134,51 @@ def entry_from_message(seq: int, message: Message) -> Entry:
     raise TypeError(f"not a message: {message!r}")
 
 
+class UsageView(_Body, kw_only=True):
+    """What model calls spent and cost (RFC 0011 §1–§2): every count always present; ``cost``
+    null when a part of the spend has no price (never 0)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    requests: int = 0
+    unreported: int = 0
+    cost: Cost | None = None
+
+
+def usage_view(usage: Usage, cost: Cost | None) -> UsageView:
+    """The API view of a usage and its cost."""
+    return UsageView(**msgspec.structs.asdict(usage), cost=cost)
+
+
+class ModelUsageView(UsageView, kw_only=True, gc=False):  # numbers, strings, a Cost: not GC-tracked
+    """A model's part of a session's usage (``Session.usage.by_model``)."""
+
+    model: str
+
+
+class SessionUsageView(UsageView, kw_only=True):
+    """``Session.usage``: the totals of its turns (discarded attempts included), and per model."""
+
+    by_model: list[ModelUsageView] = []
+
+
+class DiscardedView(_Body, kw_only=True):
+    """A turn attempt thrown away by restart-turn, with what it spent and cost (counted in the turn's usage)."""
+
+    model: str
+    steps: int
+    reason: str
+    usage: UsageView = msgspec.field(default_factory=UsageView)
+
+
+def _discarded_view(attempt: Discarded) -> DiscardedView:
+    return DiscardedView(
+        model=attempt.model, steps=attempt.steps, reason=attempt.reason, usage=usage_view(attempt.usage, attempt.cost)
+    )
+
+
 class TurnView(_Body, kw_only=True):
     """A turn: ``status`` is a TurnStatus value, or ``pending`` while it runs."""
 
@@ -137,8 +187,8 @@ class TurnView(_Body, kw_only=True):
     models: list[str] = []
     steps: int = 0
     restarts: int = 0
-    discarded: list[Discarded] = []
-    usage: Usage = msgspec.field(default_factory=Usage)
+    discarded: list[DiscardedView] = []
+    usage: UsageView = msgspec.field(default_factory=UsageView)
     started_at: str | None = None
     ended_at: str | None = None
     error: str | None = None
@@ -154,8 +204,8 @@ def turn_view(turn: TurnRecord | StartedTurn) -> TurnView:
         models=list(turn.models),
         steps=turn.steps,
         restarts=turn.restarts,
-        discarded=list(turn.discarded),
-        usage=turn.usage,
+        discarded=[_discarded_view(attempt) for attempt in turn.discarded],
+        usage=usage_view(turn.usage, turn.cost),
         started_at=iso(turn.started_at),
         ended_at=iso(turn.ended_at),
         error=turn.error,
@@ -190,6 +240,23 @@ class SessionView(_Body, kw_only=True):
     turns: list[TurnView] = []
     child: int | None = None  # pid of the child it is loaded on; None while not loaded
     created_at: str | None = None
+    usage: SessionUsageView = msgspec.field(default_factory=SessionUsageView)
+
+
+class UsageGroup(UsageView, kw_only=True):
+    """One group of ``GET /v1/usage``: its key (an assistant, a model or a session), its totals, per model."""
+
+    key: str
+    by_model: list[ModelUsageView] = []
+
+
+class UsageReport(_Body, kw_only=True):
+    """``GET /v1/usage``: what turns that ended in [since, until) spent, by ``group_by`` (RFC 0011 §2)."""
+
+    group_by: Literal["assistant", "model", "session"]
+    since: str | None = None
+    until: str | None = None
+    groups: list[UsageGroup] = []
 
 
 class ChildView(_Body, kw_only=True):

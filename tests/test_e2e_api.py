@@ -276,7 +276,15 @@ def test_a_turn_that_spent_nothing_still_reports_both_token_counts(daemon: Daemo
     events.wait("turn.done", lambda d: d["turn"] == turn_id)
     turn = daemon.turn(session, turn_id)
     assert turn["status"] == "cancelled"
-    assert turn["usage"] == {"input_tokens": 0, "output_tokens": 0}
+    assert turn["usage"] == {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cached_input_tokens": 0,
+        "reasoning_tokens": 0,
+        "requests": 0,  # the held model call never answered
+        "unreported": 0,
+        "cost": None,
+    }
 
 
 def test_delete_closes_the_session_and_keeps_its_transcript(daemon: Daemon) -> None:

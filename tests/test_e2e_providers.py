@@ -145,8 +145,17 @@ def test_a_turn_with_a_tool_step_against_ollama(tmp_path: Path) -> None:
         turn = result["turn"]
         assert turn["status"] == "completed", turn
         assert turn["steps"] == 2 and turn["models"] == [OLD]
-        # Usage comes from prompt_eval_count / eval_count of both steps (13+29 in, 7+3 out).
-        assert turn["usage"] == {"input_tokens": 42, "output_tokens": 10}
+        # Usage comes from prompt_eval_count / eval_count of both steps (13+29 in, 7+3 out); no
+        # [[prices]] entry for the model: its cost is null, never 0 (RFC 0011 §2).
+        assert turn["usage"] == {
+            "input_tokens": 42,
+            "output_tokens": 10,
+            "cached_input_tokens": 0,
+            "reasoning_tokens": 0,
+            "requests": 2,
+            "unreported": 0,
+            "cost": None,
+        }
 
         assert server.models_served() == [OLD, OLD]
         first, second = server.chat_requests
@@ -164,7 +173,7 @@ def test_a_turn_with_a_tool_step_against_ollama(tmp_path: Path) -> None:
         assert answer["content"] == f"final answer from {OLD}"
         assert all(e["model"] == OLD for e in entries if e["role"] == "assistant")
         stored = daemon.turn(session, turn["id"])
-        assert stored["usage"] == {"input_tokens": 42, "output_tokens": 10}
+        assert stored["usage"] == turn["usage"]
         assert daemon.session(session)["model"] == OLD
 
 
@@ -246,7 +255,15 @@ def test_restart_turn_mid_turn_swap_against_ollama(tmp_path: Path) -> None:
         turn = daemon.turn(session, turn_id)
         assert turn["status"] == "completed" and turn["restarts"] == 1
         assert [d["model"] for d in turn["discarded"]] == [OLD]
-        assert turn["discarded"][0]["usage"] == {"input_tokens": 11, "output_tokens": 5}
+        assert turn["discarded"][0]["usage"] == {
+            "input_tokens": 11,
+            "output_tokens": 5,
+            "cached_input_tokens": 0,
+            "reasoning_tokens": 0,
+            "requests": 1,
+            "unreported": 0,
+            "cost": None,
+        }
         assert turn["models"] == [NEW]
         assert assistant_models(daemon, session, turn_id) == [NEW, NEW]
         assert "discarded-step-1" not in json.dumps(daemon.session(session)["transcript"])

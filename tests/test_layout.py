@@ -166,6 +166,7 @@ def foreign_assignments(path: Path) -> Iterator[str]:
         for target in targets:
             if (
                 isinstance(target, ast.Attribute)
+                and isinstance(target.ctx, ast.Store)
                 and target.attr in OWNED_FIELDS
                 and not (isinstance(target.value, ast.Name) and target.value.id == "self")
             ):

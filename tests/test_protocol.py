@@ -14,6 +14,7 @@ import struct
 import typing
 from collections import deque
 from collections.abc import Iterable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentd.budget import TurnStatus, Usage
-from agentd.config import Intelligence, Limits, SwapPolicy, intelligence_map, parse_config, quickstart_config
+from agentd.config import Intelligence, Limits, Price, SwapPolicy, intelligence_map, parse_config, quickstart_config
 from agentd.messages import AssistantMessage, SystemMessage, ToolCall, ToolResult, UserMessage
 from agentd.protocol import (
     MAX_FRAME_BYTES,
@@ -63,7 +64,7 @@ from agentd.protocol import (
     encode_frame,
     encode_frames,
 )
-from agentd.records import Discarded, JournalEntry, TurnRecord
+from agentd.records import Cost, Discarded, JournalEntry, ModelSpend, TurnRecord
 
 FIXTURES = Path(__file__).parent / "fixtures" / "frames"
 REGEN = os.environ.get("AGENTD_REGEN_FIXTURES") == "1"
@@ -157,6 +158,7 @@ def _samples() -> list[Any]:
             policy=SwapPolicy.RESTART_TURN,
             config=quickstart_config(),
             secrets=ChildEnv(values={"TIME_TOKEN": "not-a-real-secret"}),
+            telemetry=ChildEnv(values={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}),
         ),
         Ready(child_id="child-7", pid=4242),
         Ping(seq=17),
@@ -171,8 +173,10 @@ def _samples() -> list[Any]:
             message=UserMessage(content="Transfer me to billing", name="alice"),
             started_at=1764583200.5,
             watched=False,
-            run=2,
             journal=[_JOURNALED, JournalEntry(seq=3, call="call-4", tool="refund")],
+            trace={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+            run=2,
+            resumed=True,
         ),
         Cancel(session="s-1", turn="t-2"),
         Watch(session="s-1", watched=False),
@@ -197,10 +201,25 @@ def _samples() -> list[Any]:
                 steps=3,
                 restarts=1,
                 discarded=(Discarded(model="echo-small", steps=2, reason="model swap", usage=Usage(120, 45)),),
-                usage=Usage(input_tokens=300, output_tokens=80),
+                usage=Usage(input_tokens=300, output_tokens=80, cached_input_tokens=100, requests=4, unreported=1),
                 started_at=1714561200.25,
                 ended_at=1714561203.5,
                 error="tool 'clock' called 4 times with the same arguments",
+                by_model=(
+                    ModelSpend(assistant="triage", model="echo-small", usage=Usage(120, 45, requests=2)),
+                    ModelSpend(
+                        assistant="triage",
+                        model="echo-large",
+                        usage=Usage(180, 35, 100, requests=2, unreported=1),
+                        price=Price(
+                            model="echo-large",
+                            input_per_mtok=Decimal("0.15"),
+                            output_per_mtok=Decimal("0.6"),
+                            cached_input_per_mtok=Decimal("0.075"),
+                        ),
+                        cost=Cost(amount="0.0000405", currency="USD"),
+                    ),
+                ),
             ),
             messages=[
                 _SYSTEM,

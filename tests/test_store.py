@@ -149,7 +149,7 @@ def every_kind(turn: str = "t0") -> list[Message]:
 
 
 async def test_schema_version_and_indexes(store: Store, backend: Backend) -> None:
-    assert migrations.SCHEMA_VERSION == 9
+    assert migrations.SCHEMA_VERSION == 10
     assert backend.schema_version() == migrations.SCHEMA_VERSION
     assert {"sessions_state", "sessions_owner", "turns_one_pending", "entries_active"} <= backend.indexes()
     assert {"owner", "lease_expires", "fence"} <= set(backend.columns("sessions"))
@@ -1252,7 +1252,7 @@ async def test_a_sqlite_file_that_claims_a_schema_without_its_tables_is_refused(
     conn.execute("CREATE TABLE other (x)")
     conn.commit()
     conn.close()
-    with pytest.raises(StoreError, match=r"cannot open the store .*: it says schema version \d but has no table"):
+    with pytest.raises(StoreError, match=r"cannot open the store .*: it says schema version \d+ but has no table"):
         await SqliteStore.open(db_path)
 
 

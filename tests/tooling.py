@@ -90,3 +90,13 @@ def hold_with_grandchild(label: str = "") -> str:
     """Fork a grandchild (see ``_fork_sleeper``), then wait for the gate file like ``held``."""
     _fork_sleeper()
     return held(label)
+
+
+@side_effect_free
+def loaded_modules(prefix: str = "opentelemetry") -> str:
+    """The modules this child has imported whose names start with ``prefix`` (RFC 0011 §4: none
+    of OpenTelemetry without it configured), as a JSON list."""
+    import json
+    import sys
+
+    return json.dumps(sorted(name for name in sys.modules if name.startswith(prefix)))

@@ -18,12 +18,15 @@ import anyio
 from agentd import events
 from agentd.child.deltas import DeltaStream
 from agentd.child.session import ChildSession
+from agentd.child.spans import turn_done
 from agentd.child.toolbox import Toolbox, build_toolbox
 from agentd.child.turn import run_turn
 from agentd.config import Config, Intelligence, intelligence_map
 from agentd.environment import register_secrets
 from agentd.mcp import McpHub
 from agentd.obs import get_logger
+from agentd.otel import setup as setup_tracing
+from agentd.otel import tracing
 from agentd.protocol import (
     PROTOCOL_VERSION,
     AppliedSwap,
@@ -76,6 +79,8 @@ class ChildRuntime:
         )  # the values of the env vars the config names (RFC 0008 §3)
         # Before any tool runs or anything is logged: what this child holds is scrubbed everywhere.
         register_secrets({**os.environ, **self.environ}, spawn.config)
+        # Tracing on only when the supervisor handed OTEL_* variables over (RFC 0011 §4).
+        setup_tracing(spawn.telemetry.values if spawn.telemetry else {})
         self.hub: McpHub | None = None
         # Journal frames waiting for their ack: (session, turn, seq, finished) → (event, [error]).
         self._journal_waits: dict[tuple[str, str, int, bool], tuple[anyio.Event, list[str | None]]] = {}
@@ -96,6 +101,9 @@ class ChildRuntime:
             await self._done.wait()
             self.hub.close()
             tg.cancel_scope.cancel()
+        # Export the spans still buffered (bounded by the exporter's own timeout); off, a no-op.
+        if tracing().enabled:
+            await anyio.to_thread.run_sync(tracing().shutdown)
         return self.exit_code
 
     def _stop(self, code: int) -> None:
@@ -275,6 +283,7 @@ class ChildRuntime:
         session.turn_id = frame.turn
         session.turn_scope = anyio.CancelScope()
         session.watched = frame.watched
+        session.turn_run = frame.run
         assert self._tg is not None
         self._tg.start_soon(self._turn_task, session, frame)
 
@@ -287,25 +296,38 @@ class ChildRuntime:
                 async def tools() -> dict[str, AnyTool]:
                     return await toolbox.tools(connections)
 
-                # The turn's deltas are flushed by a task of their own: a slow channel to the
-                # supervisor never holds the model call up (agentd.child.deltas).
-                deltas = DeltaStream(session, frame.turn)
-                assert self._tg is not None
-                self._tg.start_soon(deltas.run)
-                try:
-                    done = await run_turn(
-                        session,
-                        frame.turn,
-                        frame.message,
-                        tools,
-                        accepted_at=frame.started_at,
-                        journal=frame.journal,
-                        write=self._journal,
-                        run=frame.run,
-                        deltas=deltas,
-                    )
-                finally:
-                    deltas.close()
+                with tracing().invoke_agent(
+                    assistant=session.assistant,
+                    session=session.id,
+                    turn=frame.turn,
+                    generation=session.generation,
+                    run=frame.run,
+                    carrier=frame.trace,
+                ) as span:
+                    if frame.resumed:
+                        span.event(events.SPAN_TURN_RESUMED)
+                    if frame.run > 0:
+                        span.event(events.SPAN_TURN_RERUN, {"agentd.turn.run": frame.run})
+                    # The turn's deltas are flushed by a task of their own: a slow channel to the
+                    # supervisor never holds the model call up (agentd.child.deltas).
+                    deltas = DeltaStream(session, frame.turn)
+                    assert self._tg is not None
+                    self._tg.start_soon(deltas.run)
+                    try:
+                        done = await run_turn(
+                            session,
+                            frame.turn,
+                            frame.message,
+                            tools,
+                            accepted_at=frame.started_at,
+                            journal=frame.journal,
+                            write=self._journal,
+                            run=frame.run,
+                            deltas=deltas,
+                        )
+                    finally:
+                        deltas.close()
+                    turn_done(span, done.record)
             await self.send(done)
             await session.apply_parked(turn=None)  # idle now: its boundary is now
         except Exception as exc:  # a loop bug must not take the other sessions down

@@ -13,11 +13,13 @@ from typing import Any
 import anyio
 
 from agentd import events
+from agentd.child.spans import event_attributes
 from agentd.config import Assistant, Config, Intelligence, Limits, SwapPolicy
 from agentd.intel import Completion, CompletionRequest, IntelError, Provider, build_provider
 from agentd.intel.base import IntelErrorKind
 from agentd.messages import Message
 from agentd.obs import get_logger
+from agentd.otel import tracing
 from agentd.protocol import Event, Frame, SwapApplied, SwapIntel, SwapKind
 from agentd.swap import classify_swap, restart_due
 
@@ -66,6 +68,7 @@ class ChildSession:
         self.assistant = assistant
         self.transcript = transcript
         self.generation = generation
+        self.turn_run = 1  # which delivery of its turn this is (``Input.run``: agentd.turn.run on its spans)
         self.policy = policy
         self.limits = limits
         self.intelligence = dict(intelligence)
@@ -97,6 +100,8 @@ class ChildSession:
 
     async def emit(self, event: str, turn: str | None = None, /, **data: Any) -> None:
         """Stream a session event to the supervisor (progress events only while someone watches)."""
+        if event in events.SPAN_EVENTS and (tracer := tracing()).enabled:  # on the current span too
+            tracer.event(event, event_attributes(data))
         if self.watched or event in events.SUPERVISOR_EVENTS:
             await self.send(Event(session=self.id, turn=turn, name=event, data=data))
 

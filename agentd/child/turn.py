@@ -25,12 +25,14 @@ from agentd.budget import TurnBudget, TurnStatus, Usage
 from agentd.child.deltas import DeltaStream
 from agentd.child.journal import OUTCOME_UNKNOWN, REPLAYED, JournalWrite, ToolLedger
 from agentd.child.session import ChildSession
+from agentd.child.spans import chat_done, input_messages, tool_done
 from agentd.intel import CompletionRequest, IntelError
 from agentd.intel.base import Completion, IntelErrorKind
 from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, UserMessage, is_empty_assistant
 from agentd.obs import get_logger
+from agentd.otel import tracing
 from agentd.protocol import TurnDiscarded, TurnDone
-from agentd.records import Discarded, JournalEntry, TurnRecord
+from agentd.records import Discarded, JournalEntry, ModelSpend, TurnRecord
 from agentd.tools import AnyTool, ToolOutcome, ToolSpec
 from agentd.transfer import (
     OpenerKind,
@@ -84,6 +86,9 @@ class _Attempt:
     # Epoch seconds the turn was accepted, for its first attempt: the deadline counts from there
     # across re-runs on other children. A restart-turn attempt gets a fresh budget (None).
     accepted_at: float | None = None
+    # What the whole turn spent per (assistant, model), shared by its attempts: a discarded
+    # attempt's calls were paid for too (RFC 0011 §1).
+    spend: dict[tuple[str, str], Usage] = field(default_factory=dict)
 
     def deadline_seconds(self, deadline: float) -> float:
         """How long this attempt may run: the whole deadline, less what earlier runs of the turn used."""
@@ -208,6 +213,26 @@ class _Attempt:
             deadline=self.budget.deadline_at if self.budget else None,
             sink=sink,
         )
+        tracer, intelligence = tracing(), self.session.current_intelligence
+        with tracer.chat(
+            provider=intelligence.provider,
+            model=intelligence.model,
+            turn=self.turn,
+            generation=self.session.generation,
+            run=self.session.turn_run,
+        ) as span:
+            if tracer.capture:
+                span.set(input_messages(messages))
+            try:
+                completion = await self._provider_complete(request, during)
+            except IntelError as exc:
+                span.fail(exc.kind.value)
+                raise
+            chat_done(span, completion, capture=tracer.capture)
+        return self._spent(completion)
+
+    async def _provider_complete(self, request: CompletionRequest, during: str) -> Completion:
+        """The provider's ``complete``; an IntelError is logged."""
         try:
             return await self.session.provider.complete(request)
         except IntelError as exc:
@@ -220,6 +245,14 @@ class _Attempt:
                 during=during,
             )
             raise
+
+    def _spent(self, completion: Completion) -> Completion:
+        """Count a model call that answered in the turn's spend; the completion with its request counted."""
+        # One more request; unreported when its server said nothing of usage (never guessed).
+        usage = completion.usage + Usage(requests=1, unreported=0 if completion.usage_reported else 1)
+        key = (self.session.assistant, completion.model)
+        self.spend[key] = self.spend.get(key, Usage()) + usage
+        return msgspec.structs.replace(completion, usage=usage)
 
     async def _wait_for_intel(self, backoff: float) -> None:
         """Sleep before retrying; a parked swap ends the wait early.
@@ -302,6 +335,20 @@ class _Attempt:
 
     async def _run_tool(self, call: ToolCall) -> None:
         await self.session.emit(events.TOOL_CALL, self.turn, id=call.id, name=call.name, arguments=call.arguments)
+        tracer = tracing()
+        scope = tracer.execute_tool(
+            tool=call.name,
+            call_id=call.id,
+            turn=self.turn,
+            generation=self.session.generation,
+            run=self.session.turn_run,
+        )
+        with scope as span:
+            outcome, how = await self._tool_outcome(call)
+            tool_done(span, call.arguments, outcome, how, capture=tracer.capture)
+        await self._record(call, outcome, how)
+
+    async def _tool_outcome(self, call: ToolCall) -> tuple[ToolOutcome, str | None]:
         how: str | None = None
         tool = self.tools.get(call.name)
         if call.arguments_error is not None:
@@ -313,7 +360,7 @@ class _Attempt:
             outcome, how = await self.ledger.run(call, tool)
             if how is not None:
                 log.info(events.LOG_TOOL_REPLAYED, session=self.session.id, turn=self.turn, tool=call.name, how=how)
-        await self._record(call, outcome, how)
+        return outcome, how
 
     async def _record(self, call: ToolCall, outcome: ToolOutcome, how: str | None) -> None:
         replayed, unknown = how == REPLAYED, how == OUTCOME_UNKNOWN
@@ -423,7 +470,15 @@ async def run_turn(
                     thrown_away, restarts = attempt, restarts + 1
                     usage = usage + thrown_away.usage
                     attempt = _Attempt(
-                        session, turn, base, thrown_away.tools, ledger, restarts, thrown_away.run_index + 1, deltas
+                        session,
+                        turn,
+                        base,
+                        thrown_away.tools,
+                        ledger,
+                        restarts,
+                        thrown_away.run_index + 1,
+                        deltas,
+                        spend=attempt.spend,
                     )
                     with anyio.CancelScope(shield=True):
                         discarded.append(await _discard(session, thrown_away))
@@ -444,6 +499,10 @@ async def run_turn(
             started_at=started_at,
             ended_at=time.time(),
             error=attempt.error,
+            by_model=tuple(
+                ModelSpend(assistant=assistant, model=model, usage=spent)
+                for (assistant, model), spent in attempt.spend.items()
+            ),
         )
         # Debug only: the supervisor logs turn.done once the turn is committed, one line per turn.
         log.debug(

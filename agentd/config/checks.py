@@ -10,16 +10,20 @@ import math
 import re
 import types
 import typing
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
 from agentd.config.schema import (
+    FLOAT_DIGITS,
     INT64_MAX,
     INT64_MIN,
     MAX_DURATION,
     MAX_OPTION_DEPTH,
+    MAX_PRICE,
+    MAX_PRICE_DECIMALS,
     TRANSFER_TOOL_PREFIX,
     Config,
     ConfigIssue,
@@ -101,6 +105,10 @@ def normalize(value: Any, annotation: Any, path: str, issues: list[ConfigIssue])
         elif seconds > MAX_DURATION:
             issues.append(ConfigIssue(path, f"duration must be at most {MAX_DURATION / 3600:g}h, got {value!r}"))
         return seconds
+    if origin is Annotated and any(
+        isinstance(meta, msgspec.Meta) and (meta.extra or {}).get("price") for meta in args[1:]
+    ):
+        return _price_value(value, path, issues)
     if origin is dict:
         if not isinstance(value, dict):
             issues.append(ConfigIssue(path, f"expected a table, got {_kind(value)}"))
@@ -163,6 +171,46 @@ def _normalize_struct(value: Any, cls: type, path: str, issues: list[ConfigIssue
         if field.required and key not in value:
             issues.append(ConfigIssue(f"{path}.{key}" if path else key, "required key is missing"))
     return out
+
+
+def _price_value(value: Any, path: str, issues: list[ConfigIssue]) -> Any:
+    """A price per million tokens: a number or a decimal string → its exact Decimal.
+
+    A TOML float is read back by its shortest text (0.15 is 0.15); one with more significant
+    digits than a float keeps could not be, so it must be written as a string.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        issues.append(
+            ConfigIssue(path, f"expected a price (a number or a decimal string like '0.15'), got {_kind(value)}")
+        )
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        digits = Decimal(repr(value)).as_tuple().digits
+        if len(digits) > FLOAT_DIGITS:
+            issues.append(
+                ConfigIssue(path, f"{value!r} has more digits than a TOML number keeps exactly; write it as a string")
+            )
+            return value
+    try:
+        price = Decimal(repr(value) if isinstance(value, float) else value)
+    except ArithmeticError:
+        issues.append(ConfigIssue(path, f"invalid price {value!r}: expected a decimal number like '0.15'"))
+        return value
+    if not price.is_finite() or price < 0 or price > MAX_PRICE:
+        issues.append(ConfigIssue(path, f"a price must be a finite number from 0 to {MAX_PRICE}, got {value!r}"))
+    elif -int(price.as_tuple().exponent) > MAX_PRICE_DECIMALS:
+        issues.append(ConfigIssue(path, f"a price may have at most {MAX_PRICE_DECIMALS} decimal places, got {value!r}"))
+    return str(price)
+
+
+def _prices_issues(config: Config) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    seen: set[str] = set()
+    for i, price in enumerate(config.prices):
+        if price.model in seen:
+            issues.append(ConfigIssue(f"prices[{i}].model", f"duplicate price for model {price.model!r}"))
+        seen.add(price.model)
+    return issues
 
 
 def _convert_leaf(value: Any, annotation: Any, path: str, issues: list[ConfigIssue]) -> Any:
@@ -255,6 +303,7 @@ def semantic_issues(config: Config) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = _listen_issues(config.server.listen) + _store_issues(config.store)
     issues.extend(_supervisor_issues(config.supervisor))
     issues.extend(_mcp_server_issues(config.mcp_servers))
+    issues.extend(_prices_issues(config))
     names = [a.name for a in config.assistants]
     if not config.assistants:
         issues.append(ConfigIssue("assistants", "at least one assistant is required"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import re
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -202,6 +203,32 @@ class StoreSettings(_Section, frozen=True):
     lease: Seconds = 10.0
 
 
+#: A price per million tokens: a decimal, written in TOML as a number (``0.15``, read back as
+#: exactly 0.15 — the shortest text of the float, never the binary value nearest to it) or a
+#: string (``"0.15"``). Checked in ``agentd.config.checks``: finite, 0 or more, at most
+#: ``MAX_PRICE``, at most ``MAX_PRICE_DECIMALS`` decimal places.
+PerMillion = Annotated[Decimal, msgspec.Meta(extra={"price": True})]
+MAX_PRICE = Decimal(1_000_000_000)
+MAX_PRICE_DECIMALS = 18
+#: A float literal keeps this many significant digits exactly; a longer price must be a string.
+FLOAT_DIGITS = 15
+#: A currency code, as the API reports it with each cost (``USD``, ``EUR``, or any unit you bill in).
+Currency = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,15}$")]
+
+
+class Price(_Section, frozen=True, kw_only=True):
+    """What a model's tokens cost (RFC 0011 §2): a model without an entry has cost ``null``.
+
+    Cached input tokens are priced at ``cached_input_per_mtok`` when set, else as input.
+    """
+
+    model: Annotated[str, msgspec.Meta(min_length=1)]
+    currency: Currency = "USD"
+    input_per_mtok: PerMillion
+    output_per_mtok: PerMillion
+    cached_input_per_mtok: PerMillion | None = None
+
+
 RESTART_ONLY_SECTIONS = ("server", "store")
 
 
@@ -216,6 +243,7 @@ class Config(_Section, frozen=True):
     supervisor: SupervisorSettings = SupervisorSettings()
     mcp_servers: tuple[McpServer, ...] = ()
     assistants: tuple[Assistant, ...] = (DEFAULT_ASSISTANT,)
+    prices: tuple[Price, ...] = ()
 
     def assistant(self, name: str) -> Assistant:
         """The assistant called ``name``; KeyError when there is none."""
@@ -231,6 +259,10 @@ class Config(_Section, frozen=True):
     def mcp_server(self, name: str) -> McpServer | None:
         """The ``[[mcp_servers]]`` entry called ``name``, or None."""
         return next((server for server in self.mcp_servers if server.name == name), None)
+
+    def price(self, model: str) -> Price | None:
+        """The ``[[prices]]`` entry for ``model``, or None (its cost is unknown)."""
+        return next((price for price in self.prices if price.model == model), None)
 
 
 class ConfigIssue(msgspec.Struct, frozen=True):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agentd.apicommon import MESSAGE_LIMIT, JSONResponse, decode_bytes, read_body
+from agentd.apicommon import MESSAGE_LIMIT, JSONResponse, decode_bytes, read_body, request_trace
 from agentd.apikeys import idempotent
 from agentd.door.inputs import assistant_of, last_user, message_of, refuse_unserved, said
 from agentd.door.outcome import chat_completion
@@ -56,6 +56,7 @@ async def create(service: Service, request: Request) -> Response:
             PostMessage(content=last.text, images=last.images or None),
             turn_id=claim.turn if claim else None,
             resumed=claim.resumed if claim else False,
+            trace=request_trace(request),
         )
         assert isinstance(result, MessageResult)  # wait=True
         completion = chat_completion(result.turn, result.messages, model=body.model)

@@ -163,7 +163,7 @@ def response_object(
     usage = ResponseUsage(
         input_tokens=turn.usage.input_tokens,
         output_tokens=turn.usage.output_tokens,
-        total_tokens=turn.usage.total,
+        total_tokens=turn.usage.input_tokens + turn.usage.output_tokens,
     )
     error = None
     if outcome.error is not None:
@@ -196,7 +196,7 @@ def chat_completion(turn: TurnView, entries: Sequence[Entry], *, model: str) -> 
     usage = ChatUsage(
         prompt_tokens=turn.usage.input_tokens,
         completion_tokens=turn.usage.output_tokens,
-        total_tokens=turn.usage.total,
+        total_tokens=turn.usage.input_tokens + turn.usage.output_tokens,
     )
     choice = ChatChoice(message=ChatAnswer(content="\n\n".join(texts)), finish_reason=outcome.finish_reason)
     return ChatCompletion(

@@ -12,7 +12,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from agentd.apicommon import MESSAGE_LIMIT, JSONResponse, decode_bytes, read_body
+from agentd.apicommon import MESSAGE_LIMIT, JSONResponse, decode_bytes, read_body, request_trace
 from agentd.apikeys import idempotent
 from agentd.door.errors import ParamError, Unsupported
 from agentd.door.inputs import assistant_of, last_user, message_of, refuse_unserved, said
@@ -103,6 +103,7 @@ async def create(service: Service, request: Request) -> Response:
             PostMessage(content=last.text, images=last.images or None),
             turn_id=claim.turn if claim else None,
             resumed=claim.resumed if claim else False,
+            trace=request_trace(request),
         )
         assert isinstance(result, MessageResult)  # wait=True
         shown = response_object(

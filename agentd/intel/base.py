@@ -59,8 +59,11 @@ class Completion(msgspec.Struct, frozen=True, kw_only=True):
     """What one model call produced. ``message`` carries no bookkeeping (turn/model set by the loop)."""
 
     message: AssistantMessage
-    usage: Usage = Usage()
+    usage: Usage = Usage()  # tokens as the server reported them; requests/unreported are the loop's to count
+    usage_reported: bool = True  # False: the server said nothing about usage (RFC 0011 §1)
     model: str
+    response_model: str | None = None  # the model the server says answered, when it says
+    finish_reason: str | None = None
 
 
 class IntelErrorKind(enum.StrEnum):

@@ -33,7 +33,7 @@ import structlog
 from agentd import __version__ as _agentd_version
 from agentd.causes import iter_causes
 from agentd.config import Intelligence
-from agentd.events import LOG_INTEL_ERROR, LOG_INTEL_FAILOVER
+from agentd.events import LOG_INTEL_ERROR, LOG_INTEL_FAILOVER, SPAN_ENDPOINT_FAILOVER
 from agentd.intel.base import Completion, CompletionRequest, IntelError, IntelErrorKind, StreamSink
 from agentd.intel.endpoints import BreakerPolicy, Endpoints, RetryPolicy, backoff_delay, parse_retry_after
 from agentd.intel.pieces import TaggedSink
@@ -48,6 +48,7 @@ from agentd.intel.wire import (
     decode_json,
 )
 from agentd.messages import MessageError, validate_request
+from agentd.otel import tracing
 from agentd.redact import redact_url
 
 __all__ = ["HTTPProvider", "Retryable", "StreamReader"]
@@ -175,7 +176,14 @@ class HTTPProvider:
             return await self._chat_attempt(endpoint, body, call, id_prefix, TaggedSink(sink) if sink else None)
 
         result = await self._with_failover(attempt, request.deadline, "chat")
-        return Completion(message=result.message, usage=result.usage, model=self.intelligence.model)
+        return Completion(
+            message=result.message,
+            usage=result.usage,
+            usage_reported=result.usage_reported,
+            model=self.intelligence.model,
+            response_model=result.model,
+            finish_reason=result.finish_reason,
+        )
 
     async def models(self, deadline: float | None = None) -> list[str]:
         """The model names the endpoints offer (``/api/tags`` or ``/v1/models``), with failover."""
@@ -421,6 +429,15 @@ class HTTPProvider:
             to_endpoint=redact_url(self.endpoints.urls[to_index]),
             reason=reason,
         )
+        # On the model call's span when tracing is on (RFC 0011 §4); URLs without credentials.
+        if (tracer := tracing()).enabled:
+            tracer.event(
+                SPAN_ENDPOINT_FAILOVER,
+                {
+                    "agentd.endpoint.from": redact_url(self.endpoints.urls[from_index]),
+                    "agentd.endpoint.to": redact_url(self.endpoints.urls[to_index]),
+                },
+            )
 
 
 async def _drain(chunks: AsyncIterator[bytes]) -> None:

@@ -129,6 +129,7 @@ def scripted_reply(
     usage = Usage(
         input_tokens=sum(_words(getattr(m, "content", "")) for m in messages),
         output_tokens=_words(content) + len(tool_calls) + (_words(thinking) if thinking else 0),
+        reasoning_tokens=_words(thinking) if thinking else 0,  # a part of output_tokens, as servers count it
     )
     return Completion(
         message=AssistantMessage(content=content, thinking=thinking, tool_calls=tool_calls), usage=usage, model=model

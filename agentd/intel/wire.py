@@ -70,6 +70,7 @@ class ChatResult(msgspec.Struct, frozen=True, kw_only=True):
 
     message: AssistantMessage
     usage: Usage = Usage()
+    usage_reported: bool = False  # whether the server reported any usage (RFC 0011 §1)
     model: str | None = None  # the model the server says answered, when it says
     finish_reason: str | None = None
 
@@ -277,11 +278,20 @@ def assistant_from_parts(
     )
 
 
-def usage_of(input_tokens: Any, output_tokens: Any) -> Usage:
-    """Token counts as servers send them (possibly absent or null) → Usage."""
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def usage_of(
+    input_tokens: Any, output_tokens: Any, cached_input_tokens: Any = None, reasoning_tokens: Any = None
+) -> Usage:
+    """Token counts as servers send them (possibly absent or null) → Usage (tokens only: the loop
+    counts the request, and whether it was reported, itself)."""
     return Usage(
-        input_tokens=input_tokens if isinstance(input_tokens, int) and input_tokens > 0 else 0,
-        output_tokens=output_tokens if isinstance(output_tokens, int) and output_tokens > 0 else 0,
+        input_tokens=_count(input_tokens),
+        output_tokens=_count(output_tokens),
+        cached_input_tokens=_count(cached_input_tokens),
+        reasoning_tokens=_count(reasoning_tokens),
     )
 
 

@@ -260,6 +260,7 @@ class OllamaStream:
         return ChatResult(
             message=message,
             usage=usage_of(self._final.prompt_eval_count, self._final.eval_count),
+            usage_reported=self._final.prompt_eval_count is not None or self._final.eval_count is not None,
             model=self._model,
             finish_reason=self._final.done_reason,
         )

@@ -93,9 +93,19 @@ class OpenAIChoice(msgspec.Struct, frozen=True):
     finish_reason: str | None = None
 
 
+class OpenAIPromptDetails(msgspec.Struct, frozen=True):
+    cached_tokens: int | None = None
+
+
+class OpenAICompletionDetails(msgspec.Struct, frozen=True):
+    reasoning_tokens: int | None = None
+
+
 class OpenAIUsage(msgspec.Struct, frozen=True):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    prompt_tokens_details: OpenAIPromptDetails | None = None
+    completion_tokens_details: OpenAICompletionDetails | None = None
 
 
 class OpenAIChunk(msgspec.Struct, frozen=True):
@@ -381,9 +391,16 @@ class OpenAIStream:
             "".join(self._content), "".join(self._thinking), build_tool_calls(raw, self._id_prefix)
         )
         usage = self._usage or OpenAIUsage()
+        prompt, completion = usage.prompt_tokens_details, usage.completion_tokens_details
         return ChatResult(
             message=message,
-            usage=usage_of(usage.prompt_tokens, usage.completion_tokens),
+            usage=usage_of(
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                prompt.cached_tokens if prompt else None,
+                completion.reasoning_tokens if completion else None,
+            ),
+            usage_reported=self._usage is not None,
             model=self._model,
             finish_reason=self.finish_reason,
         )

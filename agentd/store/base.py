@@ -33,11 +33,13 @@ Rules every backend keeps:
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import anyio
 import msgspec
 
+from agentd.budget import Usage
+from agentd.config import Price
 from agentd.messages import Message, UserMessage
 from agentd.records import JournalEntry, SessionState, StartedTurn, TurnRecord
 
@@ -55,6 +57,7 @@ __all__ = [
     "LeaseLost",
     "ReloadRow",
     "ReplicaRow",
+    "SpendRow",
     "Store",
     "StoreError",
     "StoreUnavailable",
@@ -120,6 +123,16 @@ class StoredEntry(msgspec.Struct, frozen=True):
 
     seq: int
     message: Message
+
+
+class SpendRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):  # many per report: not GC-tracked
+    """One line of ``Store.usage_report``: what ended turns spent on ``model`` within one group
+    (``key``: an assistant, a model or a session) at one price (None: unpriced), summed by the database."""
+
+    key: str
+    model: str
+    usage: Usage
+    price: Price | None
 
 
 class CommittedTurn(msgspec.Struct, frozen=True):
@@ -307,6 +320,14 @@ class Store(abc.ABC):
         """How many sessions are in each state (``idle``, ``running``, ``failed``, ``closed``)."""
 
     @abc.abstractmethod
+    async def usage_report(
+        self, group_by: str, *, since: float | None = None, until: float | None = None
+    ) -> list[SpendRow]:
+        """What turns that ended in [``since``, ``until``) spent, summed in the database per
+        ``group_by`` (``assistant``, ``model`` or ``session``), model and price (RFC 0011 §2).
+        StoreError for another ``group_by``."""
+
+    @abc.abstractmethod
     async def open_sessions_by_assistant(self) -> dict[str, int]:
         """How many sessions that are not closed are on each assistant."""
 
@@ -321,8 +342,11 @@ class Store(abc.ABC):
         started_at: float,
         *,
         durable: bool = True,
+        trace: Mapping[str, str] | None = None,
     ) -> int | None:
         """Start a turn in one transaction: store its user message, a ``pending`` turn row, state ``running``.
+
+        ``trace``: the W3C trace context of the request (RFC 0011 §4), given back in ``StartedTurn.trace``.
 
         The message is stored with its ``turn`` field set to ``turn_id``. Returns the message's
         seq, or None for an opener turn (``message`` None). UnknownSession if the session is

@@ -14,9 +14,9 @@ from typing import Any, Final, NamedTuple, get_args
 
 import msgspec
 
-from agentd.budget import TurnStatus
+from agentd.budget import TurnStatus, Usage
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolResult, UserMessage
-from agentd.records import Discarded, SessionState, TurnRecord
+from agentd.records import Cost, Discarded, ModelSpend, SessionState, TurnRecord
 from agentd.store.base import StoreError
 
 __all__ = [
@@ -30,11 +30,15 @@ __all__ = [
     "decode_discarded",
     "decode_message",
     "decode_models",
+    "decode_spend",
+    "decode_trace",
     "encode_json",
     "encode_message",
+    "encode_trace",
     "ended_turn_columns",
     "landed_commit_seqs",
     "not_pending",
+    "spend_rows",
 ]
 
 SESSION_STATES: Final[frozenset[str]] = frozenset(get_args(SessionState))
@@ -49,6 +53,67 @@ _discarded_decoder = msgspec.json.Decoder(tuple[Discarded, ...])
 _models_decoder = msgspec.json.Decoder(tuple[str, ...])
 _arguments_decoder = msgspec.json.Decoder(dict[str, Any])
 _reload_errors_decoder = msgspec.json.Decoder(tuple[tuple[str, str], ...])
+
+
+class StoredSpend(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``turns.spend``: a committed turn's whole usage, its cost and its per-model spend (RFC 0011 §2).
+
+    ``usage`` None: a turn committed before schema 8 (``{}``), whose two token columns are all there is.
+    """
+
+    usage: Usage | None = None
+    cost: Cost | None = None
+    by_model: tuple[ModelSpend, ...] = ()
+
+
+_spend_decoder = msgspec.json.Decoder(StoredSpend)
+
+
+_trace_decoder = msgspec.json.Decoder(dict[str, str])
+
+
+def encode_trace(carrier: Mapping[str, str] | None) -> str | None:
+    """``turns.trace``: a turn's W3C trace context as stored (NULL without one)."""
+    return encode_json(dict(carrier)) if carrier else None
+
+
+def decode_trace(text: str | None) -> dict[str, str]:
+    """A turn row's ``trace`` column (``{}`` for NULL)."""
+    return _trace_decoder.decode(text) if text else {}
+
+
+def decode_spend(text: str) -> StoredSpend:
+    """A turn row's ``spend`` column."""
+    return _spend_decoder.decode(text)
+
+
+def spend_rows(session_id: str, record: TurnRecord) -> list[dict[str, Any]]:
+    """The ``turn_spend`` rows a committed turn adds: one per assistant and model it spent on."""
+    rows: list[dict[str, Any]] = []
+    for part in record.by_model:
+        usage, price = part.usage, part.price
+        rows.append(
+            {
+                "session": session_id,
+                "turn": record.id,
+                "assistant": part.assistant,
+                "model": part.model,
+                "ended_at": record.ended_at,
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "cached_input_tokens": usage.cached_input_tokens,
+                "reasoning_tokens": usage.reasoning_tokens,
+                "requests": usage.requests,
+                "unreported": usage.unreported,
+                "currency": price.currency if price else None,
+                "input_price": str(price.input_per_mtok) if price else None,
+                "output_price": str(price.output_per_mtok) if price else None,
+                "cached_input_price": (
+                    str(price.cached_input_per_mtok) if price and price.cached_input_per_mtok is not None else None
+                ),
+            }
+        )
+    return rows
 
 
 def encode_message(message: Message) -> str:
@@ -163,6 +228,7 @@ def ended_turn_columns(record: TurnRecord, status: TurnStatus) -> dict[str, Any]
         "output_tokens": record.usage.output_tokens,
         "ended_at": record.ended_at,
         "error": record.error,
+        "spend": encode_json(StoredSpend(usage=record.usage, cost=record.cost, by_model=record.by_model)),
     }
 
 

@@ -44,14 +44,23 @@ Versions:
    replica ran — the generation it left running, when, applied or not, its errors and changed
    paths (JSON lists), how many sessions it swapped, which replica. Bounded: each insert deletes
    the rows older than the newest 1000 (``n``, the insertion order).
+10. Usage and cost (RFC 0011 §2): ``turns.spend``, a committed turn's whole usage, cost and
+   per-model spend (msgspec JSON; ``{}`` on turns committed before), and ``turn_spend``, one row
+   per ended turn, assistant and model — its token counts and the price that applied (NULL:
+   unpriced) — that ``GET /v1/usage`` sums in the database, by when the turn ended. And
+   ``turns.trace``: the W3C trace context of the request that began a turn (JSON; NULL without
+   one), so the replica that runs or adopts it continues the client's trace (RFC 0011 §4).
 """
 
 from __future__ import annotations
 
 __all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
 
+_PRICE = "currency, input_price, output_price, cached_input_price"
+_COVERED = "input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, requests, unreported, ended_at"
+
 #: The schema version this code writes.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -179,6 +188,37 @@ SQLITE: dict[int, tuple[str, ...]] = {
             replica        TEXT NOT NULL DEFAULT ''
         )
         """,
+    ),
+    10: (
+        "ALTER TABLE turns ADD COLUMN spend TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE turns ADD COLUMN trace TEXT",
+        """
+        CREATE TABLE turn_spend (
+            session              TEXT NOT NULL,
+            turn                 TEXT NOT NULL,
+            assistant            TEXT NOT NULL,
+            model                TEXT NOT NULL,
+            ended_at             REAL NOT NULL,
+            input_tokens         INTEGER NOT NULL,
+            output_tokens        INTEGER NOT NULL,
+            cached_input_tokens  INTEGER NOT NULL,
+            reasoning_tokens     INTEGER NOT NULL,
+            requests             INTEGER NOT NULL,
+            unreported           INTEGER NOT NULL,
+            currency             TEXT,
+            input_price          TEXT,
+            output_price         TEXT,
+            cached_input_price   TEXT,
+            PRIMARY KEY (session, turn, assistant, model)
+        )
+        """,
+        "CREATE INDEX turn_spend_ended ON turn_spend (ended_at)",
+        # SQLite sums a GROUP BY by sorting unless an index gives the order: covering indexes in
+        # each grouping's order (ended_at included, for a time range) let GET /v1/usage read one
+        # index in order, never the table (RFC 0011 §2; bench/usage.py has the figures).
+        f"CREATE INDEX turn_spend_by_model ON turn_spend (model, {_PRICE}, {_COVERED})",
+        f"CREATE INDEX turn_spend_by_assistant ON turn_spend (assistant, model, {_PRICE}, {_COVERED})",
+        f"CREATE INDEX turn_spend_by_session ON turn_spend (session, model, {_PRICE}, {_COVERED})",
     ),
 }
 
@@ -309,5 +349,30 @@ POSTGRES: dict[int, tuple[str, ...]] = {
             replica        TEXT NOT NULL DEFAULT ''
         )
         """,
+    ),
+    10: (
+        "ALTER TABLE turns ADD COLUMN spend TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE turns ADD COLUMN trace TEXT",
+        """
+        CREATE TABLE turn_spend (
+            session              TEXT NOT NULL,
+            turn                 TEXT NOT NULL,
+            assistant            TEXT NOT NULL,
+            model                TEXT NOT NULL,
+            ended_at             DOUBLE PRECISION NOT NULL,
+            input_tokens         BIGINT NOT NULL,
+            output_tokens        BIGINT NOT NULL,
+            cached_input_tokens  BIGINT NOT NULL,
+            reasoning_tokens     BIGINT NOT NULL,
+            requests             BIGINT NOT NULL,
+            unreported           BIGINT NOT NULL,
+            currency             TEXT,
+            input_price          TEXT,
+            output_price         TEXT,
+            cached_input_price   TEXT,
+            PRIMARY KEY (session, turn, assistant, model)
+        )
+        """,
+        "CREATE INDEX turn_spend_ended ON turn_spend (ended_at)",
     ),
 }

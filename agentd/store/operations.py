@@ -11,11 +11,13 @@ only talks to the database.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 import msgspec
 
-from agentd.budget import TurnStatus
+from agentd.budget import TurnStatus, Usage
+from agentd.config import Price
 from agentd.messages import Message, UserMessage
 from agentd.records import PENDING, JournalEntry, StartedTurn, TurnRecord
 from agentd.store import codec
@@ -24,6 +26,7 @@ from agentd.store.base import (
     CommittedTurn,
     Lease,
     ReplicaRow,
+    SpendRow,
     StoredEntry,
     StoredSession,
     StoreError,
@@ -129,6 +132,49 @@ def transcript(session_id: str, exclude_turn: str | None) -> Op[list[Message]]:
     return [codec.decode_message(row["message"]) for row in rows]
 
 
+#: What ``usage_report`` groups by: the ``turn_spend`` column of each grouping.
+USAGE_GROUPS = {"assistant": "assistant", "model": "model", "session": "session"}
+_SPEND_COUNTS = ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens", "requests", "unreported")
+_SPEND_PRICE = ("currency", "input_price", "output_price", "cached_input_price")
+
+
+def usage_report(group_by: str, since: float | None, until: float | None) -> Op[list[SpendRow]]:
+    """``Store.usage_report``: token sums per group, model and price, added up by the database
+    (the ``turn_spend_ended`` index finds the time range); costs are the caller's exact arithmetic."""
+    column = USAGE_GROUPS[group_by]
+    where = " AND ".join(
+        [cond for cond, value in (("ended_at >= :since", since), ("ended_at < :until", until)) if value is not None]
+    )
+    sums = ", ".join(f"SUM({name}) AS {name}" for name in _SPEND_COUNTS)
+    # Grouped in the order of that grouping's index (SQLite reads it without sorting).
+    keys = ", ".join(dict.fromkeys((column, "model", *_SPEND_PRICE)))
+    rows = yield from fetch_all(
+        f"SELECT {column} AS grp, model, {', '.join(_SPEND_PRICE)}, {sums} FROM turn_spend"
+        f"{' WHERE ' + where if where else ''} GROUP BY {keys}",
+        since=since,
+        until=until,
+    )
+    prices: dict[tuple[Any, ...], Price | None] = {}  # few distinct prices, many rows: each parsed once
+    return [_spend_row(row, prices) for row in rows]
+
+
+def _spend_row(row: Row, prices: dict[tuple[Any, ...], Price | None]) -> SpendRow:
+    # int(): PostgreSQL sums BIGINTs as NUMERIC (psycopg's Decimal).
+    usage = Usage(*(int(row[name]) for name in _SPEND_COUNTS))
+    key = (row["model"], *(row[name] for name in _SPEND_PRICE))
+    if key not in prices:
+        prices[key] = None
+        if row["currency"] is not None:
+            prices[key] = Price(
+                model=row["model"],
+                currency=row["currency"],
+                input_per_mtok=Decimal(row["input_price"]),
+                output_per_mtok=Decimal(row["output_price"]),
+                cached_input_per_mtok=None if row["cached_input_price"] is None else Decimal(row["cached_input_price"]),
+            )
+    return SpendRow(key=row["grp"], model=row["model"], usage=usage, price=prices[key])
+
+
 def list_sessions(
     limit: int, after: str | None, state: str | None = None, assistant: str | None = None
 ) -> Op[list[StoredSession]]:
@@ -201,7 +247,13 @@ def open_sessions_by_assistant() -> Op[dict[str, int]]:
 
 
 def begin_turn(
-    session_id: str, turn_id: str, message: UserMessage | None, started_at: float, *, relaxed: str | None
+    session_id: str,
+    turn_id: str,
+    message: UserMessage | None,
+    started_at: float,
+    *,
+    relaxed: str | None,
+    trace: str | None = None,
 ) -> Op[int | None]:
     """``Store.begin_turn`` (``message`` already tagged with the turn); ``relaxed``: the dialect's
     statement that lets this commit return before it is synced, when the caller asked for that."""
@@ -222,13 +274,14 @@ def begin_turn(
         raise StoreError(f"cannot begin {where}: the session already has a turn with this id")
     seq = None if message is None else (yield from insert_entries(session_id, [message]))[0]
     yield from execute(
-        "INSERT INTO turns (session, id, status, message_seq, started_at)"
-        " VALUES (:session, :id, :pending, :seq, :started_at)",
+        "INSERT INTO turns (session, id, status, message_seq, started_at, trace)"
+        " VALUES (:session, :id, :pending, :seq, :started_at, :trace)",
         session=session_id,
         id=turn_id,
         pending=PENDING,
         seq=seq,
         started_at=started_at,
+        trace=trace,
     )
     yield from execute(
         "UPDATE sessions SET state = 'running', updated_at = :now WHERE id = :id", now=started_at, id=session_id
@@ -257,6 +310,12 @@ def commit_turn(
     turn = yield from fenced_turn_row(session_id, record.id, refusal, lease)
     if turn["status"] == PENDING:
         seqs = yield from _write_commit(session_id, turn, columns, messages, rewrite, assistant, model)
+        rows = codec.spend_rows(session_id, record)
+        if rows:
+            yield from execute_many(
+                f"INSERT INTO turn_spend ({', '.join(rows[0])}) VALUES ({', '.join(':' + name for name in rows[0])})",
+                rows,
+            )
     else:  # ended already: by this very commit, whose answer was lost with its connection?
         landed = yield from _landed_commit(session_id, turn, columns, messages, rewrite)
         if landed is None:

@@ -143,7 +143,7 @@ SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_
 # A turn with its input message (for a pending turn, which has no record yet).
 TURN_SELECT = (
     "SELECT t.n, t.session, t.id, t.status, t.message_seq, t.models, t.steps, t.restarts, t.discarded,"
-    " t.input_tokens, t.output_tokens, t.started_at, t.ended_at, t.error, t.cancel_requested,"
+    " t.input_tokens, t.output_tokens, t.started_at, t.ended_at, t.error, t.cancel_requested, t.spend, t.trace,"
     " CASE WHEN t.status = 'pending' THEN e.message END AS input"
     " FROM turns t LEFT JOIN entries e ON e.session = t.session AND e.seq = t.message_seq"
 )
@@ -175,6 +175,7 @@ def turn_from_row(row: Row) -> TurnRecord | StartedTurn:
     """A turn row of ``TURN_SELECT``: its record, or the started turn while it is pending."""
     if row["status"] == PENDING:
         return started_from_row(row)
+    spend = codec.decode_spend(row["spend"])
     return TurnRecord(
         id=row["id"],
         status=TurnStatus(row["status"]),
@@ -182,10 +183,12 @@ def turn_from_row(row: Row) -> TurnRecord | StartedTurn:
         steps=row["steps"],
         restarts=row["restarts"],
         discarded=codec.decode_discarded(row["discarded"]),
-        usage=Usage(row["input_tokens"], row["output_tokens"]),
+        usage=spend.usage if spend.usage is not None else Usage(row["input_tokens"], row["output_tokens"]),
         started_at=row["started_at"],
         ended_at=row["ended_at"],
         error=row["error"],
+        cost=spend.cost,
+        by_model=spend.by_model,
     )
 
 
@@ -197,7 +200,11 @@ def started_from_row(row: Row) -> StartedTurn:
             raise StoreError(f"session {row['session']} turn {row['id']}: its input entry is not a user message")
         message = decoded
     return StartedTurn(
-        id=row["id"], message=message, started_at=row["started_at"], cancel_requested=bool(row["cancel_requested"])
+        id=row["id"],
+        message=message,
+        started_at=row["started_at"],
+        cancel_requested=bool(row["cancel_requested"]),
+        trace=codec.decode_trace(row["trace"]),
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -30,6 +30,7 @@ from agentd.store.base import (
     Lease,
     ReloadRow,
     ReplicaRow,
+    SpendRow,
     Store,
     StoredEntry,
     StoredSession,
@@ -134,6 +135,13 @@ class SqlStore(Store):
     async def open_sessions_by_assistant(self) -> dict[str, int]:
         return await self._read("count sessions by assistant", ops.open_sessions_by_assistant())
 
+    async def usage_report(
+        self, group_by: str, *, since: float | None = None, until: float | None = None
+    ) -> list[SpendRow]:
+        if group_by not in ops.USAGE_GROUPS:
+            raise StoreError(f"usage: cannot group by {group_by!r} (expected one of {', '.join(ops.USAGE_GROUPS)})")
+        return await self._read(f"sum usage by {group_by}", ops.usage_report(group_by, since, until))
+
     # ------------------------------------------------------------------ turns
 
     async def begin_turn(
@@ -144,6 +152,7 @@ class SqlStore(Store):
         started_at: float,
         *,
         durable: bool = True,
+        trace: Mapping[str, str] | None = None,
     ) -> int | None:
         where = f"session {session_id} turn {turn_id}"
         if message is not None:
@@ -151,7 +160,14 @@ class SqlStore(Store):
                 raise StoreError(f"{where}: a turn's input must be a user message, not {type(message).__name__}")
             message = msgspec.structs.replace(message, turn=turn_id)
         relaxed = None if durable else self.dialect.relaxed_commit
-        op = ops.begin_turn(session_id, turn_id, message, started_at, relaxed=relaxed)
+        op = ops.begin_turn(
+            session_id,
+            turn_id,
+            message,
+            started_at,
+            relaxed=relaxed,
+            trace=self.dialect.text(codec.encode_trace(trace)),
+        )
         return await self._write(f"begin {where}", op, durable=durable)
 
     async def commit_turn(

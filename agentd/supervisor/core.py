@@ -47,6 +47,7 @@ from agentd.views import (
     SessionSummary,
     SessionView,
     StatusView,
+    UsageReport,
 )
 
 __all__ = ["Supervisor"]
@@ -223,11 +224,21 @@ class Supervisor:
         """The session with its transcript (``Operations.get_session``)."""
         return await self.operations.get_session(session_id)
 
+    async def usage(self, group_by: str, *, since: float | None, until: float | None) -> UsageReport:
+        """Usage and cost over a time range (``Operations.usage``)."""
+        return await self.operations.usage(group_by, since=since, until=until)
+
     async def send_message(
-        self, session_id: str, body: PostMessage, *, turn_id: str | None = None, resumed: bool = False
+        self,
+        session_id: str,
+        body: PostMessage,
+        *,
+        turn_id: str | None = None,
+        resumed: bool = False,
+        trace: Mapping[str, str] | None = None,
     ) -> MessageResult | Accepted:
         """A user message, as a turn (``Operations.send_message``)."""
-        return await self.operations.send_message(session_id, body, turn_id=turn_id, resumed=resumed)
+        return await self.operations.send_message(session_id, body, turn_id=turn_id, resumed=resumed, trace=trace)
 
     async def session_of_turn(self, turn_id: str) -> str:
         """The session a turn belongs to (``Operations.session_of_turn``)."""

@@ -49,6 +49,7 @@ from agentd.config import (
 from agentd.console import build_console
 from agentd.environment import register_secrets
 from agentd.obs import configure_logging, get_logger
+from agentd.otel import tracing_unavailable
 from agentd.statedir import resolve_state_dir
 from agentd.store import Store, StoreError, StoreUnavailable, open_store, store_location
 from agentd.supervisor.core import Supervisor
@@ -274,6 +275,8 @@ def run_daemon(options: DaemonOptions) -> int:
         replica_id()  # the supervisor's own call cannot fail after this
     except ValueError as exc:
         return _fail(str(exc), EXIT_CONFIG)
+    if (missing := tracing_unavailable(os.environ)) is not None:  # else every child would refuse its spawn
+        return _fail(missing, EXIT_CONFIG)
     raise_fd_limit()
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

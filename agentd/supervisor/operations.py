@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TypeVar, get_args
 
 import msgspec
@@ -33,6 +33,7 @@ from agentd.supervisor.running import Running
 from agentd.supervisor.session import EventItem, SessionRuntime, SessionTable
 from agentd.supervisor.turns import Turns, new_id
 from agentd.transfer import OpenerKind, opener_message, opener_plan, session_start_history
+from agentd.usage import report, session_usage
 from agentd.views import (
     Accepted,
     ChildView,
@@ -45,6 +46,7 @@ from agentd.views import (
     SessionSummary,
     SessionView,
     StatusView,
+    UsageReport,
     entry_from_message,
     iso,
     turn_view,
@@ -283,6 +285,7 @@ class Operations:
             transcript=[entry_from_message(e.seq, e.message) for e in stored.transcript],
             turns=[turn_view(t) for t in stored.turns],
             child=child.pid if child is not None else None,
+            usage=session_usage(stored.turns),
         )
 
     async def session_of_turn(self, turn_id: str) -> str:
@@ -291,6 +294,11 @@ class Operations:
         if not found:
             raise NotFound(f"no turn {turn_id!r}", code="turn_not_found")
         return found[0]
+
+    async def usage(self, group_by: str, *, since: float | None, until: float | None) -> UsageReport:
+        """What turns that ended in [since, until) spent and cost, summed by the store (RFC 0011 §2)."""
+        rows = await self._store(self.store.usage_report(group_by, since=since, until=until))
+        return report(group_by, rows, since, until)
 
     def _effective(self, stored: StoredSession) -> tuple[str, SessionState, int, str]:
         """(assistant, state, generation, model) as of now: the hot runtime's, else the row's.
@@ -320,13 +328,20 @@ class Operations:
     # ------------------------------------------------------------------ turns
 
     async def send_message(
-        self, session_id: str, body: PostMessage, *, turn_id: str | None = None, resumed: bool = False
+        self,
+        session_id: str,
+        body: PostMessage,
+        *,
+        turn_id: str | None = None,
+        resumed: bool = False,
+        trace: Mapping[str, str] | None = None,
     ) -> MessageResult | Accepted:
         """Store the user message, deliver it, and (``wait``) return the finished turn.
 
         ``turn_id``: the id to begin the turn with (an idempotency key chose it); ``resumed``: a
         request before this one may have stored that turn already — then it is not begun again
-        but waited for (``wait``) or named.
+        but waited for (``wait``) or named. ``trace`` is the request's W3C trace context, which the
+        turn's spans join (RFC 0011 §4).
         """
         if resumed and turn_id is not None:
             found = await self._stored_turn(session_id, turn_id, body.wait)
@@ -344,7 +359,7 @@ class Operations:
         turn_id = turn_id or new_id("t")
         message = UserMessage(content=body.content, images=tuple(body.images) if body.images else None, turn=turn_id)
         # A waiting client hears nothing before the turn's commit, which syncs its message too.
-        turn = await self.turns.accept(runtime, message, durable=not body.wait)
+        turn = await self.turns.accept(runtime, message, durable=not body.wait, trace=trace)
         if not body.wait:
             return Accepted(turn_id=turn_id)
         if turn.elsewhere:

@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import msgspec
 
 from agentd import events
 from agentd.budget import TurnStatus
@@ -49,6 +50,7 @@ from agentd.supervisor.pool import Pool
 from agentd.supervisor.relay import EventRelay, relay_fence
 from agentd.supervisor.running import Running
 from agentd.supervisor.session import PendingTurn, SessionRuntime, SessionTable
+from agentd.usage import price_record
 from agentd.views import entry_from_message
 
 __all__ = ["DEADLINE_GRACE", "TurnRunner"]
@@ -208,6 +210,8 @@ class TurnRunner:
                 # streamed elsewhere before: its runs here count from 1.
                 run=turn.runs - 1 + turn.discards + (0 if turn.fresh else 1),
                 journal=journal,
+                trace=turn.trace,
+                resumed=not turn.fresh,
             )
             await child.send(frame)
             while not (turn.done.is_set() or turn.lost.is_set()):
@@ -403,6 +407,7 @@ class TurnRunner:
         runtime.turn_ended()
         self.metrics.turns.labels(status=record.status.value).inc()
         self.metrics.turn_seconds.observe(max(0.0, record.ended_at - record.started_at))
+        self.metrics.count_spend(record.by_model)
         runtime.log.info(
             events.LOG_TURN_DONE,
             turn=record.id,
@@ -509,6 +514,9 @@ class TurnRunner:
         if pending is None or pending.id != done.record.id or done.session != runtime.id:
             runtime.log.warning(events.LOG_TURN_UNEXPECTED, turn=done.record.id, child=child.id)
             return
+        # Priced once, now, at the prices running when it ended: a retried commit writes the same
+        # costs, and a later reload prices later turns only (RFC 0011 §2).
+        done = msgspec.structs.replace(done, record=price_record(done.record, self.running.config.prices))
         with anyio.CancelScope(shield=True):  # a turn's results are committed whatever else happens
             model = (
                 self.running.model_of(done.assistant, runtime.model) if done.assistant != runtime.assistant else None

@@ -21,6 +21,7 @@ from agentd.config import (
 )
 from agentd.environment import child_environment, mcp_secrets, passed_through
 from agentd.obs import Metrics
+from agentd.otel import telemetry_environment
 from agentd.protocol import ChildEnv, Spawn, SwapIntel
 from agentd.supervisor.options import DaemonOptions
 
@@ -78,6 +79,7 @@ class Running:
             policy=self.policy.policy,
             config=self.config,
             secrets=ChildEnv(values=mcp_secrets(os.environ, self.config)),
+            telemetry=ChildEnv(values=telemetry) if (telemetry := telemetry_environment(os.environ)) else None,
         )
 
     def swap_frame(self) -> SwapIntel:

@@ -60,6 +60,8 @@ class PendingTurn:
     # run nothing can have been journaled for it, so that run reads no journal.
     fresh: bool = False
     cancel_requested: bool = False
+    # The W3C trace context of the request that began it (RFC 0011 §4): its spans join that trace.
+    trace: dict[str, str] = field(default_factory=dict)
     # Set when it stopped without ending (the daemon is shutting down): the API answers 503 with this.
     cut: str | None = None
     cut_code: str = "turn_cut"  # the API error code for ``cut``

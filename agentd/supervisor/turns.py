@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Mapping
 
 import anyio
 import anyio.abc
@@ -76,7 +77,12 @@ class Turns:
     # ------------------------------------------------------------------ acceptance
 
     async def accept(
-        self, runtime: SessionRuntime, message: UserMessage | None, *, durable: bool = True
+        self,
+        runtime: SessionRuntime,
+        message: UserMessage | None,
+        *,
+        durable: bool = True,
+        trace: Mapping[str, str] | None = None,
     ) -> PendingTurn:
         """Reserve the session for a new turn, store its input, and hand it to the runner (or leave
         it to the replica that holds the session). Conflict while a turn runs; a store failure
@@ -86,12 +92,15 @@ class Turns:
             message=message,
             started_at=time.time(),
             fresh=True,
+            trace=dict(trace or {}),
         )
         runtime.reserve(turn)  # synchronously: a concurrent request gets 409
         # Stored before delivered: the runner only sees the turn once begin_turn has committed its input.
         with anyio.CancelScope(shield=True):
             try:
-                await self.store.begin_turn(runtime.id, turn.id, message, turn.started_at, durable=durable)
+                await self.store.begin_turn(
+                    runtime.id, turn.id, message, turn.started_at, durable=durable, trace=turn.trace
+                )
             except StoreUnavailable as exc:
                 if not await self._begun_after_all(runtime, turn, exc):
                     runtime.unreserve(turn)
@@ -129,7 +138,11 @@ class Turns:
         """Register an interrupted turn on its runtime; the turn to drive, or None if it ended now."""
         # A restart (or failover) is not the turn's fault: its deadline starts again now.
         turn = PendingTurn(
-            id=started.id, message=started.message, started_at=started.started_at, budget_start=time.time()
+            id=started.id,
+            message=started.message,
+            started_at=started.started_at,
+            budget_start=time.time(),
+            trace=dict(started.trace),
         )
         runtime.restore(turn)
         if stored.state == "failed":  # it failed before the restart: its turn ends as it would have

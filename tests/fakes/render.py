@@ -187,7 +187,7 @@ def openai_events(
         chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": _finish(reply)}]})
     else:
         chunks[-1]["choices"][0]["finish_reason"] = _finish(reply)
-    if include_usage:
+    if include_usage and reply.report_usage:
         chunks.append({**base, "choices": [], "usage": _usage(reply)})
     events = [_sse(_dumps(chunk), layout) for chunk in chunks]
     if layout.comments:
@@ -219,7 +219,16 @@ def _call_fragments(call: FakeCall, index: int, layout: OpenAILayout, seq: int) 
 def _usage(reply: Reply) -> dict[str, Any]:
     prompt = reply.input_tokens or 0
     completion = reply.output_tokens or 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if reply.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+    if reply.reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reply.reasoning_tokens}
+    return usage
 
 
 def openai_body(reply: Reply, model: str, *, layout: OpenAILayout = OpenAILayout(), seq: int = 0) -> dict[str, Any]:
@@ -243,7 +252,7 @@ def openai_body(reply: Reply, model: str, *, layout: OpenAILayout = OpenAILayout
         "created": 1764500000,
         "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": _finish(reply)}],
-        "usage": _usage(reply),
+        **({"usage": _usage(reply)} if reply.report_usage else {}),
     }
 
 

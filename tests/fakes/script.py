@@ -43,6 +43,10 @@ class Reply:
     tool_calls: tuple[FakeCall, ...] = ()
     input_tokens: int | None = 11
     output_tokens: int | None = 5
+    # OpenAI's usage details (prompt_tokens_details.cached_tokens, completion_tokens_details.reasoning_tokens).
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    report_usage: bool = True  # False: an OpenAI server that sends no usage, even when asked
     pieces: int = 3  # content (and thinking) arrive in about this many deltas
     think_tags: bool = False
     finish_reason: str | None = None  # default: "tool_calls" with calls, else "stop"
