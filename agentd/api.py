@@ -42,7 +42,9 @@ from agentd.errors import (
 from agentd.obs import get_logger
 from agentd.views import (
     Accepted,
+    ApprovalView,
     CreateSession,
+    Decide,
     ErrorBody,
     ErrorDetail,
     MessageResult,
@@ -118,6 +120,21 @@ class Service(Protocol):
     def unsubscribed(self, session_id: str) -> None: ...
     async def cancel(self, session_id: str) -> str: ...
     async def close_session(self, session_id: str) -> SessionSummary: ...
+    async def list_approvals(
+        self, *, status: str | None = None, session: str | None = None, limit: int = 100, after: str | None = None
+    ) -> list[ApprovalView]: ...
+    async def get_approval(self, approval_id: str) -> ApprovalView: ...
+    async def decide_approval(
+        self, approval_id: str, decision: str, reason: str | None, arguments: object | None
+    ) -> ApprovalView: ...
+
+
+def _page_limit(request: Request) -> int:
+    """``?limit=`` of a listing: 1 to ``MAX_PAGE`` (``DEFAULT_PAGE`` when absent)."""
+    limit_text = request.query_params.get("limit", str(DEFAULT_PAGE))
+    if not _is_number(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
+        raise BadInput(f"limit must be a whole number from 1 to {MAX_PAGE}, not {limit_text!r}", code="bad_limit")
+    return int(limit_text)
 
 
 def _is_number(text: str) -> bool:
@@ -206,6 +223,9 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("/v1/sessions/{id}/messages", "POST", "post_message"),
     ("/v1/sessions/{id}/events", "GET", "session_events"),
     ("/v1/sessions/{id}/cancel", "POST", "cancel"),
+    ("/v1/approvals", "GET", "list_approvals"),
+    ("/v1/approvals/{id}", "GET", "get_approval"),
+    ("/v1/approvals/{id}", "POST", "decide_approval"),
     ("/metrics", "GET", "metrics"),
 )
 
@@ -248,11 +268,28 @@ def build_app(supervisor: Service) -> Starlette:
         return JSONResponse(await supervisor.create_session(body.assistant), status_code=201)
 
     async def list_sessions(request: Request) -> Response:
-        limit_text = request.query_params.get("limit", str(DEFAULT_PAGE))
-        if not _is_number(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
-            raise BadInput(f"limit must be a whole number from 1 to {MAX_PAGE}, not {limit_text!r}", code="bad_limit")
         after = request.query_params.get("after") or None
-        return JSONResponse(await supervisor.list_sessions(limit=int(limit_text), after=after))
+        return JSONResponse(await supervisor.list_sessions(limit=_page_limit(request), after=after))
+
+    async def list_approvals(request: Request) -> Response:
+        query = request.query_params
+        page = await supervisor.list_approvals(
+            status=query.get("status") or None,
+            session=query.get("session") or None,
+            limit=_page_limit(request),
+            after=query.get("after") or None,
+        )
+        return JSONResponse(page)
+
+    async def get_approval(request: Request) -> Response:
+        return JSONResponse(await supervisor.get_approval(request.path_params["id"]))
+
+    async def decide_approval(request: Request) -> Response:
+        body = await _decode(request, Decide)
+        decided = await supervisor.decide_approval(
+            request.path_params["id"], body.decision, body.reason, body.arguments
+        )
+        return JSONResponse(decided)
 
     async def get_session(request: Request) -> Response:
         return JSONResponse(await supervisor.get_session(request.path_params["id"]))
@@ -313,6 +350,9 @@ def build_app(supervisor: Service) -> Starlette:
         "post_message": post_message,
         "session_events": session_events,
         "cancel": cancel,
+        "list_approvals": list_approvals,
+        "get_approval": get_approval,
+        "decide_approval": decide_approval,
         "metrics": metrics,
     }
     return Starlette(

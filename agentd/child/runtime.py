@@ -294,6 +294,8 @@ class ChildRuntime:
                     accepted_at=frame.started_at,
                     journal=frame.journal,
                     write=self._journal,
+                    resume=frame.resume,
+                    decisions=frame.decisions,
                 )
             await self.send(done)
             await session.apply_parked(turn=None)  # idle now: its boundary is now

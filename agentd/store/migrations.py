@@ -34,6 +34,9 @@ Versions:
    by the store's clock), so that the replica that claims a session to run its turn knows at once
    where to relay the turn's events (RFC 0009 §7). Rows are hints: a replica that stops
    refreshing its rows is ignored once they expire, and expired rows are deleted by heartbeats.
+8. Approvals (RFC 0010 §4): ``approvals``, one row per tool call a human decides on (its status
+   changes once, from ``pending``), and ``parked_turns``, the run of a pending turn that stopped
+   for them (JSON), deleted by the transaction that ends the turn.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from __future__ import annotations
 __all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -133,6 +136,41 @@ SQLITE: dict[int, tuple[str, ...]] = {
             replica  TEXT NOT NULL,
             until    REAL NOT NULL,
             PRIMARY KEY (session, replica)
+        )
+        """,
+    ),
+    8: (
+        """
+        CREATE TABLE approvals (
+            n             INTEGER PRIMARY KEY,
+            id            TEXT NOT NULL UNIQUE,
+            session       TEXT NOT NULL,
+            turn          TEXT NOT NULL,
+            call_id       TEXT NOT NULL,
+            tool          TEXT NOT NULL,
+            arguments     TEXT NOT NULL,
+            parameters    TEXT NOT NULL DEFAULT '{}',
+            status        TEXT NOT NULL
+                          CHECK (status IN ('pending', 'approved', 'rejected', 'expired', 'cancelled')),
+            reason        TEXT,
+            requested_at  REAL NOT NULL,
+            decided_at    REAL,
+            expires_at    REAL,
+            FOREIGN KEY (session, turn) REFERENCES turns (session, id)
+        )
+        """,
+        "CREATE INDEX approvals_turn ON approvals (session, turn)",
+        "CREATE INDEX approvals_status ON approvals (status, n)",
+        "CREATE INDEX approvals_expiry ON approvals (expires_at) WHERE status = 'pending'",
+        """
+        CREATE TABLE parked_turns (
+            session    TEXT NOT NULL,
+            turn       TEXT NOT NULL,
+            run        TEXT NOT NULL,
+            model      TEXT NOT NULL,
+            parked_at  REAL NOT NULL,
+            PRIMARY KEY (session, turn),
+            FOREIGN KEY (session, turn) REFERENCES turns (session, id)
         )
         """,
     ),
@@ -229,6 +267,41 @@ POSTGRES: dict[int, tuple[str, ...]] = {
             replica  TEXT NOT NULL,
             until    DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (session, replica)
+        )
+        """,
+    ),
+    8: (
+        """
+        CREATE TABLE approvals (
+            n             BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            id            TEXT NOT NULL UNIQUE,
+            session       TEXT NOT NULL,
+            turn          TEXT NOT NULL,
+            call_id       TEXT NOT NULL,
+            tool          TEXT NOT NULL,
+            arguments     TEXT NOT NULL,
+            parameters    TEXT NOT NULL DEFAULT '{}',
+            status        TEXT NOT NULL
+                          CHECK (status IN ('pending', 'approved', 'rejected', 'expired', 'cancelled')),
+            reason        TEXT,
+            requested_at  DOUBLE PRECISION NOT NULL,
+            decided_at    DOUBLE PRECISION,
+            expires_at    DOUBLE PRECISION,
+            FOREIGN KEY (session, turn) REFERENCES turns (session, id)
+        )
+        """,
+        "CREATE INDEX approvals_turn ON approvals (session, turn)",
+        "CREATE INDEX approvals_status ON approvals (status, n)",
+        "CREATE INDEX approvals_expiry ON approvals (expires_at) WHERE status = 'pending'",
+        """
+        CREATE TABLE parked_turns (
+            session    TEXT NOT NULL,
+            turn       TEXT NOT NULL,
+            run        TEXT NOT NULL,
+            model      TEXT NOT NULL,
+            parked_at  DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (session, turn),
+            FOREIGN KEY (session, turn) REFERENCES turns (session, id)
         )
         """,
     ),

@@ -26,6 +26,7 @@ from agentd import events
 from agentd.config import Config, ConfigIssue, PolicyChoice
 from agentd.obs import get_logger
 from agentd.store import Store
+from agentd.supervisor.approvals import Approvals
 from agentd.supervisor.child import Child
 from agentd.supervisor.fanout import Reloader
 from agentd.supervisor.membership import choose_membership
@@ -36,7 +37,16 @@ from agentd.supervisor.runner import TurnRunner
 from agentd.supervisor.running import Running
 from agentd.supervisor.session import EventItem, SessionTable
 from agentd.supervisor.turns import Turns
-from agentd.views import Accepted, MessageResult, PostMessage, ReloadResult, SessionSummary, SessionView, StatusView
+from agentd.views import (
+    Accepted,
+    ApprovalView,
+    MessageResult,
+    PostMessage,
+    ReloadResult,
+    SessionSummary,
+    SessionView,
+    StatusView,
+)
 
 __all__ = ["Supervisor"]
 
@@ -51,6 +61,9 @@ class Supervisor:
         self.running = Running(options, config, policy)
         self.sessions = SessionTable(self.running)
         self.membership = choose_membership(store, self.running, self.sessions)
+        self.approvals = Approvals(
+            store=store, running=self.running, sessions=self.sessions, metrics=self.running.metrics
+        )
         self.runner = TurnRunner(
             store=store,
             metrics=self.running.metrics,
@@ -61,6 +74,7 @@ class Supervisor:
             replica=self.membership.replica,
             relay=self.membership.relay,
             watched_elsewhere=self.membership.watched_elsewhere,
+            approvals=self.approvals,
         )
         self.pool = Pool(
             settings=lambda: self.running.config.supervisor,
@@ -85,7 +99,10 @@ class Supervisor:
             runner=self.runner,
             membership=self.membership,
             turns=self.turns,
+            approvals=self.approvals,
         )
+        self.approvals.attach(emit=self.runner.emit, resume=self._resume_parked)
+        self.reloader.after_swap = self._swapped
         self._turn_ended = anyio.Event()
 
     @property
@@ -135,6 +152,7 @@ class Supervisor:
         self.runner.attach(self.pool, tg)
         self.turns.attach(tg)
         await self.membership.start(tg, self.turns)
+        tg.start_soon(self.approvals.expire_forever)
 
     async def drain(self, grace: float) -> bool:
         """Stop accepting turns; wait up to ``grace`` for in-flight turns. True when all ended."""
@@ -156,6 +174,15 @@ class Supervisor:
 
     def _running_turns(self) -> int:
         return sum(1 for r in self.sessions.values() if r.pending is not None and r.pending.cut is None)
+
+    async def _resume_parked(self, session_id: str, turn_id: str) -> None:
+        await self.turns.resume_parked(session_id, turn_id)
+
+    async def _swapped(self, assistants: list[str]) -> None:
+        """A reload swapped ``assistants``' intelligence: under restart-turn, their turns awaiting
+        approval are discarded at once (nothing runs) and re-run on the new model (RFC 0010 §5)."""
+        for session_id, turn_id in await self.approvals.unpark_for_swap(assistants):
+            await self._resume_parked(session_id, turn_id)
 
     def _turn_finished(self) -> None:
         self._turn_ended.set()
@@ -212,3 +239,19 @@ class Supervisor:
     async def close_session(self, session_id: str) -> SessionSummary:
         """Close the session (``Operations.close_session``)."""
         return await self.operations.close_session(session_id)
+
+    async def list_approvals(
+        self, *, status: str | None = None, session: str | None = None, limit: int = 100, after: str | None = None
+    ) -> list[ApprovalView]:
+        """A page of approvals (``Operations.list_approvals``)."""
+        return await self.operations.list_approvals(status=status, session=session, limit=limit, after=after)
+
+    async def get_approval(self, approval_id: str) -> ApprovalView:
+        """One approval (``Operations.get_approval``)."""
+        return await self.operations.get_approval(approval_id)
+
+    async def decide_approval(
+        self, approval_id: str, decision: str, reason: str | None, arguments: object | None
+    ) -> ApprovalView:
+        """Approve or reject (``Operations.decide_approval``)."""
+        return await self.operations.decide_approval(approval_id, decision, reason, arguments)

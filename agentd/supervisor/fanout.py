@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
 
@@ -50,6 +50,9 @@ class Reloader:
         self.reloads: ReloadCoordinator[ReloadResult] = ReloadCoordinator(self._reload)
         self._awaiting_acks: dict[int, tuple[set[str], float]] = {}
         self._all_acked = anyio.Event()  # set when the newest fan-out's children have all acked
+        # Called with the assistants whose intelligence a reload changed, once it fanned out
+        # (turns awaiting approval under restart-turn re-run, RFC 0010 §5).
+        self.after_swap: Callable[[list[str]], Awaitable[None]] | None = None
 
     async def reload(self) -> ReloadResult:
         """Reload the config file (serialized; concurrent requests coalesce into one more reload)."""
@@ -109,6 +112,8 @@ class Reloader:
         self.pool.changed()  # the pool keys may have changed
         swapped, swapped_total = await self._fan_out(plan.intelligence_changed)
         self._swap_unloaded(old_intelligence)
+        if self.after_swap is not None and plan.intelligence_changed:
+            await self.after_swap(list(plan.intelligence_changed))
         changed = plan.changed + (
             ["model_swap (effective)"] if policy_changed and "model_swap" not in plan.changed else []
         )

@@ -20,6 +20,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from agentd import events
+from agentd.approvals import Approval, Decision, ParkedRun
 from agentd.errors import Conflict
 from agentd.messages import UserMessage
 from agentd.obs import get_logger
@@ -63,6 +64,10 @@ class PendingTurn:
     cut_code: str = "turn_cut"  # the API error code for ``cut``
     # Stored here but run by another replica (it held the session's lease): waited for in the store.
     elsewhere: bool = False
+    # RFC 0010: a run that parked for approvals goes on from here (the run, what was decided) ...
+    resume: tuple[ParkedRun, list[Decision]] | None = None
+    # ... and, once it parked, the approvals it waits for (what a waiting client is answered with).
+    awaiting: list[Approval] | None = None
 
     # Set when the current run settles: the turn ended, or its child was lost (one wait for both).
     settled: anyio.Event = field(default_factory=anyio.Event)
@@ -154,6 +159,14 @@ class SessionRuntime:
         self.idle_since = time.monotonic()
         if self.state != "failed":
             self.state = "idle"
+
+    def turn_awaiting(self) -> None:
+        """Its turn waits for approvals (RFC 0010): nothing in flight here, no child slot held; the
+        session may unload. The turn stays pending in the store, and resumes once decided."""
+        self.pending = None
+        self.intel_waiting = False
+        self.idle_since = time.monotonic()
+        self.state = "awaiting_approval"
 
     def turn_dropped(self) -> None:
         """Its turn is another replica's now (the lease was lost): nothing in flight here."""
