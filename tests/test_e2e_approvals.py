@@ -7,14 +7,12 @@ exactly. Each case drives the daemon through its HTTP API and signals, as an ope
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.daemon_harness import Daemon, child_pids_of, wait_until
+from tests.daemon_harness import Daemon, wait_until
 from tests.mcp_servers import toml_list
 
 pytestmark = pytest.mark.e2e
