@@ -7,12 +7,14 @@ exactly. Each case drives the daemon through its HTTP API and signals, as an ope
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.daemon_harness import Daemon, wait_until
+from tests.daemon_harness import Daemon, child_pids_of, wait_until
 from tests.mcp_servers import toml_list
 
 pytestmark = pytest.mark.e2e
@@ -105,5 +107,160 @@ def test_a_call_waits_for_approval_then_runs_once(tmp_path: Path) -> None:
         assert again.status_code == 409 and again.json()["error"]["code"] == "already_decided"
         assert daemon.status()["approvals"] == {"pending": 0}
         assert 'agentd_approvals_total{decision="approved"} 1.0' in daemon.api("GET", "/metrics").text
+    finally:
+        daemon.stop()
+
+
+def test_rejected_and_edited_and_several_calls_in_one_step(tmp_path: Path) -> None:
+    """Two calls in one step each get an approval; the turn goes on once both are decided: one
+    approved with edited arguments (checked against the tool's schema), one rejected."""
+    daemon = Daemon(tmp_path, config(RECORD, ["tests.tooling:record"])).start()
+    try:
+        session = daemon.new_session()
+        text = 'call tool record {"label": "a"} and call tool record {"label": "b"}'
+        answer = daemon.send(session, text)
+        turn = answer["turn"]["id"]
+        first, second = answer["approvals"]
+        assert (first["arguments"], second["arguments"]) == ({"label": "a"}, {"label": "b"})
+        bad = daemon.api("POST", f"/v1/approvals/{first['id']}", {"decision": "approve", "arguments": {"label": 5}})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_arguments"
+        assert daemon.api("POST", "/v1/approvals/ap_nope", {"decision": "approve"}).status_code == 404
+        decide(daemon, first["id"], {"decision": "approve", "arguments": {"label": "edited"}})
+        assert daemon.session(session)["state"] == "awaiting_approval"  # the second still waits
+        decide(daemon, second["id"], {"decision": "reject", "reason": "not b"})
+        assert daemon.turn(session, turn)["status"] == "completed"
+        assert runs(tmp_path, "record edited") == 1 and runs(tmp_path) == 1
+        ok, rejected = tool_results(daemon, session, turn)
+        assert ok["content"] == "recorded edited"
+        assert rejected["is_error"] and "rejected" in rejected["content"] and "not b" in rejected["content"]
+        [call_entry] = [e for e in daemon.entries(session, turn) if e["role"] == "assistant" and e.get("tool_calls")]
+        assert [c["arguments"] for c in call_entry["tool_calls"]] == [{"label": "edited"}, {"label": "b"}]
+        listed = daemon.json("GET", f"/v1/approvals?session={session}&limit=1", status=200)
+        assert [a["id"] for a in listed] == [first["id"]]
+        after = daemon.json("GET", f"/v1/approvals?session={session}&after={first['id']}", status=200)
+        assert [(a["id"], a["status"]) for a in after] == [(second["id"], "rejected")]
+        assert daemon.api("GET", "/v1/approvals?status=bogus").status_code == 400
+    finally:
+        daemon.stop()
+
+
+def test_an_approval_expires_and_the_model_is_told(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, config(RECORD, ["*"], limits='approval_timeout = "1s"')).start()
+    try:
+        session = daemon.new_session()
+        answer = daemon.send(session, "record please")
+        turn = answer["turn"]["id"]
+        assert daemon.turn(session, turn)["status"] == "completed"
+        [result] = tool_results(daemon, session, turn)
+        assert result["is_error"] and "expired" in result["content"]
+        assert runs(tmp_path) == 0
+        [approval] = daemon.json("GET", f"/v1/approvals?session={session}", status=200)
+        assert approval["status"] == "expired" and approval["reason"]
+    finally:
+        daemon.stop()
+
+
+def test_clock_is_side_effect_free_so_star_does_not_ask(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, config(RECORD, ["*"])).start()
+    try:
+        session = daemon.new_session()
+        answer = daemon.send(session, "clock please")
+        assert answer["turn"]["status"] == "completed" and "approvals" not in answer
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize("how", ["cancel", "close"])
+def test_cancel_or_close_cancels_pending_approvals(tmp_path: Path, how: str) -> None:
+    daemon = Daemon(tmp_path, config(RECORD, ["tests.tooling:record"])).start()
+    try:
+        session = daemon.new_session()
+        stream = daemon.events(session)
+        answer = daemon.send(session, "record please")
+        turn, [approval] = answer["turn"]["id"], answer["approvals"]
+        if how == "cancel":
+            assert daemon.json("POST", f"/v1/sessions/{session}/cancel", status=202)["turn_id"] == turn
+            decided = stream.wait("approval.decided")
+            assert decided["status"] == "cancelled"
+        else:
+            daemon.json("DELETE", f"/v1/sessions/{session}", status=200)
+        assert daemon.turn(session, turn)["status"] == "cancelled"
+        stored = daemon.json("GET", f"/v1/approvals/{approval['id']}", status=200)
+        assert stored["status"] == "cancelled" and stored["reason"]
+        late = daemon.api("POST", f"/v1/approvals/{approval['id']}", {"decision": "approve"})
+        assert late.status_code == 409
+        assert runs(tmp_path) == 0
+    finally:
+        daemon.stop()
+
+
+def kill_supervisor(daemon: Daemon) -> None:
+    """SIGKILL the supervisor; its children die with it."""
+    assert daemon.process is not None
+    pids = child_pids_of(daemon.process.pid)
+    daemon.process.kill()
+    daemon.wait_exit()
+    daemon.stop()
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), "the children to die with it")
+
+
+def test_kill_9_of_the_supervisor_while_pending_and_right_after_approve(tmp_path: Path) -> None:
+    """The approval survives a kill -9 while it waits; after an approve and another kill -9 the
+    call runs exactly once and the turn completes."""
+    daemon = Daemon(tmp_path, config(RECORD, ["tests.tooling:record"])).start()
+    try:
+        session = daemon.new_session()
+        answer = daemon.send(session, "record please")
+        turn, [approval] = answer["turn"]["id"], answer["approvals"]
+        kill_supervisor(daemon)
+        daemon = Daemon(tmp_path, None, state_dir=daemon.state_dir).start()
+        [still] = pending_approvals(daemon, session)
+        assert still["id"] == approval["id"]
+        assert daemon.session(session)["state"] == "awaiting_approval"
+        assert daemon.turn(session, turn, finished=False)["status"] == "pending"
+        assert runs(tmp_path) == 0
+        decide(daemon, approval["id"], {"decision": "approve"})
+        kill_supervisor(daemon)  # right after the approve: the turn may or may not have run the call
+        daemon = Daemon(tmp_path, None, state_dir=daemon.state_dir).start()
+        assert daemon.turn(session, turn)["status"] == "completed"
+        assert runs(tmp_path) == 1
+        assert daemon.json("GET", f"/v1/approvals/{approval['id']}", status=200)["status"] == "approved"
+    finally:
+        daemon.stop()
+
+
+def test_kill_9_of_the_child_while_pending_changes_nothing(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, config(RECORD, ["tests.tooling:record"])).start()
+    try:
+        session = daemon.new_session()
+        answer = daemon.send(session, "record please")
+        turn, [approval] = answer["turn"]["id"], answer["approvals"]
+        assert daemon.process is not None
+        for pid in child_pids_of(daemon.process.pid):
+            os.kill(pid, signal.SIGKILL)
+        assert [a["id"] for a in pending_approvals(daemon, session)] == [approval["id"]]
+        decide(daemon, approval["id"], {"decision": "approve"})
+        assert daemon.turn(session, turn)["status"] == "completed"
+        assert runs(tmp_path) == 1
+    finally:
+        daemon.stop()
+
+
+def test_a_held_approved_call_cut_by_kill_9_is_never_run_again(tmp_path: Path) -> None:
+    """Approved, started, and the supervisor killed while it runs: at most once (outcome unknown)."""
+    daemon = Daemon(tmp_path, config(["tests.tooling:held"], ["tests.tooling:held"])).start()
+    try:
+        session = daemon.new_session()
+        answer = daemon.send(session, "held please")
+        turn, [approval] = answer["turn"]["id"], answer["approvals"]
+        decide(daemon, approval["id"], {"decision": "approve"})
+        wait_until(lambda: runs(tmp_path, "held-start") == 1, "the approved call to start")
+        kill_supervisor(daemon)
+        (tmp_path / "tool.gate").touch()
+        daemon = Daemon(tmp_path, None, state_dir=daemon.state_dir).start()
+        assert daemon.turn(session, turn)["status"] == "completed"
+        assert runs(tmp_path, "held-start") == 1
+        [result] = tool_results(daemon, session, turn)
+        assert result.get("outcome_unknown") is True
     finally:
         daemon.stop()

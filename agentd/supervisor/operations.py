@@ -232,7 +232,8 @@ class Operations:
             raise NotFound(f"no session {session_id!r}")
         assistant, state, generation, model = self._effective(stored)
         if (
-            state == "idle"
+            state in ("idle", "running")
+            and self.sessions.get(session_id) is None
             and any(isinstance(t, StartedTurn) for t in stored.turns)
             and await self._store(self.store.awaiting_turn(session_id)) is not None
         ):

@@ -15,8 +15,10 @@ import time
 
 import anyio
 import anyio.abc
+import msgspec
 
 from agentd import events
+from agentd.approvals import ApprovalStatus
 from agentd.budget import TurnStatus
 from agentd.errors import NotEnded, StoreDown, StoreFull, TurnRefused, store_failure
 from agentd.messages import UserMessage
@@ -174,17 +176,18 @@ class Turns:
         """A turn that waited for approvals goes on (they are all decided, or a restart-turn swap
         discarded its parked run): registered here and driven, unless another replica holds the
         session (its failover scan runs it) or it ended. StoreError as is."""
-        runtime = self.sessions.get(session_id)
-        if runtime is None:
-            stored = await self.store.session_summary(session_id)
-            if stored is None or stored.state == "closed":
-                return None
-            runtime = self.sessions.hot(stored)
+        stored = await self.store.session_summary(session_id)
+        started = await self.store.pending_turn(session_id)
+        if stored is None or stored.state == "closed" or started is None or started.id != turn_id:
+            return None
+        runtime = self.sessions.hot(stored)
         if runtime.pending is not None or runtime.closing:
             return None
-        started = await self.store.pending_turn(session_id)
-        if started is None or started.id != turn_id or not await self.membership.claim(runtime, turn_id):
+        if not await self.membership.claim(runtime, turn_id):
             self.sessions.evict_if_cold(runtime)
+            return None
+        # The awaits above may have let the runtime go cold (its child ended): it is hot again now.
+        if self.sessions.add(runtime) is not runtime or runtime.pending is not None:
             return None
         turn = PendingTurn(id=turn_id, message=started.message, started_at=started.started_at, budget_start=time.time())
         runtime.restore(turn)
@@ -205,16 +208,24 @@ class Turns:
         if started is None or started.id != turn_id or not await self.membership.claim(runtime, turn_id):
             return None
         found = await self.store.parked_run(runtime.id, turn_id)
-        waiting = [a for a in (found[1] if found else []) if a.status.value == "pending"]
+        if self.sessions.add(runtime) is not runtime or runtime.pending is not None:
+            return None  # it went cold meanwhile and another request took it up
+        waiting = [a for a in (found[1] if found else []) if a.status is ApprovalStatus.PENDING]
         turn = PendingTurn(id=turn_id, message=started.message, started_at=started.started_at)
         runtime.restore(turn)
-        await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, reason)
         approvals = self.runner.approvals
-        if approvals is not None:
+        if approvals is not None:  # told before turn.done (nothing of a turn is published after it)
+            now = time.time()
             for approval in waiting:
-                cancelled = await self.store.get_approval(approval.id)
-                if cancelled is not None and cancelled.status.value != "pending":
-                    approvals.decided(runtime, cancelled)
+                cancelled = msgspec.structs.replace(
+                    approval,
+                    status=ApprovalStatus.CANCELLED,
+                    reason=f"the turn ended (cancelled): {reason}",
+                    decided_at=now,
+                )
+                approvals.decided(runtime, cancelled)
+        # The transaction that abandons the turn cancels its pending approvals (RFC 0010 §4).
+        await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, reason)
         return turn_id
 
     def drive(self, runtime: SessionRuntime, turn: PendingTurn) -> None:
