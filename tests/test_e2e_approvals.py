@@ -264,3 +264,45 @@ def test_a_held_approved_call_cut_by_kill_9_is_never_run_again(tmp_path: Path) -
         assert result.get("outcome_unknown") is True
     finally:
         daemon.stop()
+
+
+def test_finish_on_old_a_waiting_turn_goes_on_with_the_old_model(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, config(RECORD, ["tests.tooling:record"])).start()
+    try:
+        session = daemon.new_session()
+        answer = daemon.send(session, "record please")
+        turn, [approval] = answer["turn"]["id"], answer["approvals"]
+        daemon.write_config(config(RECORD, ["tests.tooling:record"], model="echo-large"))
+        assert daemon.json("POST", "/v1/reload", status=200)["applied"]
+        assert [a["id"] for a in pending_approvals(daemon, session)] == [approval["id"]]
+        decide(daemon, approval["id"], {"decision": "approve"})
+        record = daemon.turn(session, turn)
+        assert record["status"] == "completed" and record["models"] == ["echo-small"]
+        assert runs(tmp_path) == 1
+        # The next turn runs on the new model.
+        assert daemon.send(session, "hello")["turn"]["models"] == ["echo-large"]
+    finally:
+        daemon.stop()
+
+
+def test_restart_turn_discards_the_waiting_run_and_keeps_the_same_approval(tmp_path: Path) -> None:
+    """restart-turn: the waiting run is discarded at once and re-runs on the new model; it asks for
+    the same call, so the approval is kept (same id, still pending); approved, it runs once."""
+    top = 'model_swap = "restart-turn"'
+    daemon = Daemon(tmp_path, config(RECORD, ["tests.tooling:record"], top=top)).start()
+    try:
+        session = daemon.new_session()
+        answer = daemon.send(session, "record please")
+        turn, [approval] = answer["turn"]["id"], answer["approvals"]
+        daemon.write_config(config(RECORD, ["tests.tooling:record"], top=top, model="echo-large"))
+        assert daemon.json("POST", "/v1/reload", status=200)["applied"]
+        daemon.wait_log("approval.discarded")
+        [kept] = pending_approvals(daemon, session)
+        assert kept["id"] == approval["id"] and kept["status"] == "pending"
+        # Decided while the re-run may still be running: it keeps this decision when it asks again.
+        decide(daemon, approval["id"], {"decision": "approve"})
+        record = daemon.turn(session, turn)
+        assert record["status"] == "completed" and record["models"] == ["echo-large"]
+        assert runs(tmp_path) == 1
+    finally:
+        daemon.stop()

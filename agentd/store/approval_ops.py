@@ -42,7 +42,7 @@ __all__ = [
 
 #: A condition on a turn row aliased ``t``: the turn waits for approvals (not to be run now).
 AWAITING = (
-    "(EXISTS (SELECT 1 FROM parked_turns p WHERE p.session = t.session AND p.turn = t.id)"
+    "(EXISTS (SELECT 1 FROM parked_turns p WHERE p.session = t.session AND p.turn = t.id AND p.run <> '')"
     " AND EXISTS (SELECT 1 FROM approvals a WHERE a.session = t.session AND a.turn = t.id AND a.status = 'pending'))"
 )
 COLUMNS = (
@@ -106,6 +106,16 @@ def park_turn(
     refusal = f"cannot park session {session_id} turn {turn_id}"
     yield from pending_turn_row(session_id, turn_id, refusal, lease)
     waiting = yield from _turn_approvals(session_id, turn_id, ApprovalStatus.PENDING.value)
+    # A run a swap discarded left a marker (``run`` empty) with when: approvals decided since
+    # (while its re-run ran) are kept with their decision when the re-run asks for the same call.
+    marker = yield from fetch_one(
+        "SELECT parked_at FROM parked_turns WHERE session = :session AND turn = :turn AND run = ''",
+        session=session_id,
+        turn=turn_id,
+    )
+    if marker is not None:
+        everything = yield from _turn_approvals(session_id, turn_id)
+        waiting += [a for a in everything if a.decided_at is not None and a.decided_at >= float(marker["parked_at"])]
     ids, new = [], []
     for approval_id, request in requests:
         kept = next((a for a in waiting if a.tool == request.tool and a.arguments == request.arguments), None)
@@ -131,7 +141,8 @@ def park_turn(
         new.append(approval_id)
     reason = "restart-turn: the run that asked for it was discarded, and its re-run did not ask for it again"
     for stale in waiting:
-        yield from _cancel(stale.id, reason, now)
+        if stale.status is ApprovalStatus.PENDING:
+            yield from _cancel(stale.id, reason, now)
     yield from execute(
         "DELETE FROM parked_turns WHERE session = :session AND turn = :turn", session=session_id, turn=turn_id
     )
@@ -145,7 +156,9 @@ def park_turn(
     )
     stored = {a.id: a for a in (yield from _turn_approvals(session_id, turn_id))}
     return ParkResult(
-        approvals=[stored[i] for i in ids], new=new, cancelled=[stored[s.id] for s in waiting if s.id in stored]
+        approvals=[stored[i] for i in ids],
+        new=new,
+        cancelled=[stored[s.id] for s in waiting if s.status is ApprovalStatus.PENDING and s.id in stored],
     )
 
 
@@ -180,7 +193,7 @@ def _turn_ready(session_id: str, turn_id: str) -> Op[bool]:
     """Whether the turn has a parked run, is pending, and no approval of it waits any more."""
     row = yield from fetch_one(
         "SELECT 1 AS ready FROM parked_turns p JOIN turns t ON t.session = p.session AND t.id = p.turn"
-        " WHERE p.session = :session AND p.turn = :turn AND t.status = :pending AND NOT EXISTS"
+        " WHERE p.session = :session AND p.turn = :turn AND p.run <> '' AND t.status = :pending AND NOT EXISTS"
         " (SELECT 1 FROM approvals a WHERE a.session = p.session AND a.turn = p.turn AND a.status = 'pending')",
         session=session_id,
         turn=turn_id,
@@ -242,7 +255,9 @@ def next_expiry() -> Op[float | None]:
 def parked_run(session_id: str, turn_id: str) -> Op[tuple[ParkedRun, list[Approval]] | None]:
     """``Store.parked_run``: the turn's parked run and all its approvals (None: it has no parked run)."""
     row = yield from fetch_one(
-        "SELECT run FROM parked_turns WHERE session = :session AND turn = :turn", session=session_id, turn=turn_id
+        "SELECT run FROM parked_turns WHERE session = :session AND turn = :turn AND run <> ''",
+        session=session_id,
+        turn=turn_id,
     )
     if row is None:
         return None
@@ -293,10 +308,11 @@ def pending_approvals() -> Op[int]:
     return 0 if row is None else int(row["count"])
 
 
-def unpark_for_swap(assistant: str, model: str) -> Op[list[tuple[str, str]]]:
+def unpark_for_swap(assistant: str, model: str, now: float) -> Op[list[tuple[str, str]]]:
     """``Store.unpark_for_swap``: restart-turn (RFC 0010 §5): the parked runs of turns awaiting
     approval on ``assistant`` that ran on another model are dropped; the turns, to re-run now. Their
-    pending approvals stay (a re-run that asks for the same call keeps one)."""
+    pending approvals stay (a re-run that asks for the same call keeps one); the parked run is
+    replaced by a marker (``run`` empty) of when it was discarded."""
     rows = yield from fetch_all(
         "SELECT t.session, t.id FROM turns t JOIN sessions s ON s.id = t.session"
         " JOIN parked_turns pk ON pk.session = t.session AND pk.turn = t.id"
@@ -307,8 +323,11 @@ def unpark_for_swap(assistant: str, model: str) -> Op[list[tuple[str, str]]]:
         model=model,
     )
     turns = [(row["session"], row["id"]) for row in rows]
-    for session_id, turn_id in turns:
+    for session_id, turn_id in turns:  # a marker of when, for the re-run (``park_turn``)
         yield from execute(
-            "DELETE FROM parked_turns WHERE session = :session AND turn = :turn", session=session_id, turn=turn_id
+            "UPDATE parked_turns SET run = '', parked_at = :now WHERE session = :session AND turn = :turn",
+            now=now,
+            session=session_id,
+            turn=turn_id,
         )
     return turns

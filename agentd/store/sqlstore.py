@@ -311,7 +311,7 @@ class SqlStore(Store):
         return await self._read("count pending approvals", approval_ops.pending_approvals())
 
     async def unpark_for_swap(self, assistant: str, model: str) -> list[tuple[str, str]]:
-        op = approval_ops.unpark_for_swap(assistant, model)
+        op = approval_ops.unpark_for_swap(assistant, model, time.time())
         return await self._write(f"discard the parked runs of assistant {assistant}", op)
 
     # ------------------------------------------------------------------ leases

@@ -266,6 +266,10 @@ class Approvals:
         for session_id, turn_id in ready:
             await self._resume(session_id, turn_id)
 
+    async def resume_now(self, session_id: str, turn_id: str) -> None:
+        """Resume a turn whose approvals are all decided (``Resume``)."""
+        await self._resume(session_id, turn_id)
+
     async def _resume(self, session_id: str, turn_id: str) -> None:
         if self.resume is None:
             return
@@ -353,3 +357,6 @@ async def on_parked(runner: _Runner, runtime: SessionRuntime, child: str, frame:
         pending.awaiting, pending.resume = result.approvals, None
         await await_decisions(runner, runtime, pending)
         runner.approvals.announce(runtime, result)
+        if all(a.status is not ApprovalStatus.PENDING for a in result.approvals):
+            # Every call it waits on was decided already (while a swap's re-run ran): it goes on.
+            await runner.approvals.resume_now(frame.session, frame.turn)
