@@ -7,6 +7,7 @@ exactly. Each case drives the daemon through its HTTP API and signals, as an ope
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -304,5 +305,35 @@ def test_restart_turn_discards_the_waiting_run_and_keeps_the_same_approval(tmp_p
         record = daemon.turn(session, turn)
         assert record["status"] == "completed" and record["models"] == ["echo-large"]
         assert runs(tmp_path) == 1
+    finally:
+        daemon.stop()
+
+
+def test_the_cli_lists_approves_rejects_and_chat_asks_inline(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, config(RECORD, ["tests.tooling:record"])).start()
+    try:
+        sent = daemon.run_cli("send", "record please")
+        assert sent.returncode == 0, sent.stderr
+        assert "waits for approval ap_" in sent.stderr
+        listed = daemon.run_cli("approvals", "--json")
+        assert listed.returncode == 0, listed.stderr
+        [waiting] = json.loads(listed.stdout)
+        table = daemon.run_cli("approvals")
+        assert waiting["id"] in table.stdout and "record" in table.stdout
+        approved = daemon.run_cli("approve", waiting["id"], "--reason", "fine", "--arguments", '{"label": "cli"}')
+        assert approved.returncode == 0 and f"{waiting['id']} approved: fine" in approved.stdout
+        wait_until(lambda: runs(tmp_path, "record cli") == 1, "the approved call to run")
+        twice = daemon.run_cli("reject", waiting["id"], "--reason", "late")
+        assert twice.returncode == 1 and "already_decided" in twice.stderr
+
+        daemon.run_cli("send", "--session", waiting["session"], "record again")
+        [second] = pending_approvals(daemon, waiting["session"])
+        rejected = daemon.run_cli("reject", second["id"], "--reason", "no more")
+        assert rejected.returncode == 0 and "rejected: no more" in rejected.stdout
+
+        chat = daemon.run_cli("chat", input="record please\ny\n")
+        assert chat.returncode == 0, chat.stderr
+        assert "[approval]" in chat.stdout and "approved]" in chat.stdout
+        assert runs(tmp_path) == 2
     finally:
         daemon.stop()

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from agentd import events
+from agentd.cli.approvals import ask_inline
 from agentd.cli.common import (
     OK_STATUSES,
     UsageError,
@@ -81,6 +82,13 @@ def cmd_send(args: argparse.Namespace) -> int:
     if isinstance(result, Accepted):  # only if the daemon ignored wait=true
         err(f"the daemon did not wait for the turn; it runs as {result.turn_id}")
         return 1
+    if result.approvals:  # the turn waits for a human (RFC 0010): say what, and how to decide
+        for approval in result.approvals:
+            err(
+                f"turn {result.turn.id} waits for approval {approval.id}: {approval.tool}({to_json(approval.arguments)})"
+            )
+        err("decide with `agentd approve ID` or `agentd reject ID --reason R`")
+        return 0
     replies = reply_entries(result.messages)
     if replies:
         out(replies[-1].content)
@@ -132,7 +140,22 @@ def describe_event(name: str, data: Mapping[str, Any]) -> str | None:
             return "\n".join(lines) or None
         case events.SESSION_FAILED:
             return f"  [session failed] {data.get('error')}"
+        case events.APPROVAL_DECIDED:
+            why = f": {data.get('reason')}" if data.get("reason") else ""
+            return f"  [approval {data.get('approval')} {data.get('status')}{why}]"
     return None
+
+
+def _ask(prompt: str) -> str | None:
+    """One answer from the user (a terminal prompt, or the next line of piped stdin)."""
+    if sys.stdin.isatty():
+        try:
+            return input(prompt)
+        except EOFError:
+            return None
+    out(prompt.rstrip())
+    line = sys.stdin.readline()
+    return line or None
 
 
 def _print_reply(messages: Sequence[Entry], assistant: str) -> None:
@@ -188,6 +211,8 @@ class _Chat:
             line = describe_event(name, data)
             if line:
                 out(line)
+            if name == events.APPROVAL_REQUESTED:  # asked inline; the turn goes on once decided
+                ask_inline(self.client, data, _ask)
             if name == events.SESSION_FAILED:
                 return True
             if name == events.TURN_DONE and data.get("turn") == turn_id:
