@@ -90,3 +90,9 @@ def hold_with_grandchild(label: str = "") -> str:
     """Fork a grandchild (see ``_fork_sleeper``), then wait for the gate file like ``held``."""
     _fork_sleeper()
     return held(label)
+
+
+def stamp(label: str = "") -> str:
+    """Record that it ran, with its label and the epoch time it started (bench/approvals.py)."""
+    _log(f"stamp {label} {time.time():.6f}")
+    return f"stamped {label}"
