@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -335,5 +336,29 @@ def test_the_cli_lists_approves_rejects_and_chat_asks_inline(tmp_path: Path) -> 
         assert chat.returncode == 0, chat.stderr
         assert "[approval]" in chat.stdout and "approved]" in chat.stdout
         assert runs(tmp_path) == 2
+    finally:
+        daemon.stop()
+
+
+def test_a_waiting_turn_unloads_and_its_deadline_does_not_run(tmp_path: Path) -> None:
+    """The session unloads while its turn waits (it holds no child), the wait outlasts the turn's
+    deadline, and once approved the turn goes on from where it stopped and completes."""
+    text = config(RECORD, ["tests.tooling:record"], limits='deadline = "2s"').replace(
+        ONE_CHILD, ONE_CHILD + '\nidle_unload = "1s"'
+    )
+    daemon = Daemon(tmp_path, text).start()
+    try:
+        session = daemon.new_session()
+        answer = daemon.send(session, "record please")
+        turn, [approval] = answer["turn"]["id"], answer["approvals"]
+        daemon.wait_log("session.unloaded", lambda r: r.get("session") == session)
+        wait_until(lambda: daemon.status()["sessions"]["loaded"] == 0, "the session to be unloaded")
+        # Past the turn's deadline (2 s from its start): a wait that counted would end it `deadline`.
+        time.sleep(2.5)
+        assert daemon.turn(session, turn, finished=False)["status"] == "pending"
+        decide(daemon, approval["id"], {"decision": "approve"})
+        record = daemon.turn(session, turn)
+        assert record["status"] == "completed", record
+        assert runs(tmp_path) == 1
     finally:
         daemon.stop()
