@@ -2,10 +2,11 @@
 
     .venv/bin/python bench/approvals.py [--sessions 10000] [--approvals 200]
 
-Two real ``agentd run`` daemons (the scripted model, ``delay_ms = 0``, one child and no spare so
-both hold their sessions in the same processes — the default pool may spread a fill's concurrent
-turns over a second child in one run and not the other, which would swamp the figure — and
-``idle_unload = "24h"`` so every session stays loaded while it is measured), each filled with
+Two real ``agentd run`` daemons (the scripted model, ``delay_ms = 0``; a fixed pool of
+``ceil(sessions / 1000)`` children and no spare, so that every session stays loaded and both
+daemons hold them in the same number of processes — the default pool may spread a fill's
+concurrent turns over one more child in one run and not the other, which would swamp the figure;
+``idle_unload = "24h"``), each filled with
 ``--sessions`` sessions over the unix socket, 8 clients at a time:
 
 - ``idle``: each session completed one turn without a tool call;
@@ -39,9 +40,10 @@ from scale import FILL_WORKERS, MB, PROBLEMS, Agentd, Http, HttpError, parallel,
 from tables import percentile, print_table
 
 APPROVE_TIMEOUT = 60.0
+SESSIONS_PER_CHILD = 1000  # the default
 
 
-def bench_config(tool_log: Path) -> str:
+def bench_config(children: int) -> str:
     return f"""
 [intelligence]
 provider = "scripted"
@@ -53,8 +55,8 @@ deadline = "3600s"
 approval_timeout = "0s"
 
 [supervisor]
-children = 1
-max_children = 1
+children = {children}
+max_children = {children}
 spare_children = 0
 idle_unload = "24h"
 spawn_timeout = "120s"
@@ -132,7 +134,8 @@ def run(workdir: Path, name: str, sessions: int, *, awaiting: bool) -> tuple[Age
     tool_log = workdir / f"{name}-tools.log"
     daemon = Agentd(workdir, workdir / f"{name}-state", name)
     daemon.env = {**daemon.env, "AGENTD_TEST_TOOL_LOG": str(tool_log)}
-    daemon.config_path.write_text(bench_config(tool_log))
+    children = max(1, -(-sessions // SESSIONS_PER_CHILD))  # every session loaded
+    daemon.config_path.write_text(bench_config(children))
     daemon.state_dir.mkdir()
     daemon.start()
     ids, seconds = fill(daemon, sessions, awaiting=awaiting)

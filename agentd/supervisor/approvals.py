@@ -248,23 +248,27 @@ class Approvals:
             except StoreError as exc:
                 log.warning(events.LOG_APPROVAL_FAILED, what="read the next expiry", error=str(exc))
                 due = None
-            wait = EXPIRY_POLL if due is None else min(EXPIRY_POLL, max(0.0, due - time.time()))
-            with anyio.move_on_after(wait):
+            if due is not None and due <= time.time() and await self.expire_due():
+                continue  # a write only when something is due: waiting costs a read
+            if due is not None and due <= time.time():
+                due = None  # the store failed: try again after a poll interval
+            wait = EXPIRY_POLL if due is None else min(EXPIRY_POLL, due - time.time())
+            with anyio.move_on_after(max(0.0, wait)):
                 await self._wake.wait()
             self._wake = anyio.Event()
-            await self.expire_due()
 
-    async def expire_due(self) -> None:
-        """One pass of expiry."""
+    async def expire_due(self) -> bool:
+        """One pass of expiry; False when the store failed."""
         try:
             expired, ready = await self.store.expire_approvals(time.time())
         except StoreError as exc:
             log.warning(events.LOG_APPROVAL_FAILED, what="expire approvals", error=str(exc))
-            return
+            return False
         for approval in expired:
             self.decided(self.sessions.get(approval.session), approval)
         for session_id, turn_id in ready:
             await self._resume(session_id, turn_id)
+        return True
 
     async def resume_now(self, session_id: str, turn_id: str) -> None:
         """Resume a turn whose approvals are all decided (``Resume``)."""
