@@ -345,8 +345,17 @@ async def await_decisions(runner: _Runner, runtime: SessionRuntime, turn: Pendin
 async def on_parked(runner: _Runner, runtime: SessionRuntime, child: str, frame: TurnParked) -> None:
     """A run stopped for approvals: they are stored first, then the turn waits, then they are announced."""
     pending = runtime.pending
-    if pending is None or pending.id != frame.turn or runner.approvals is None:
+    if (
+        pending is None
+        or pending.id != frame.turn
+        or pending.child is None
+        or pending.child.id != child
+        or runner.approvals is None
+    ):
         log.warning(events.LOG_TURN_UNEXPECTED, session=runtime.id, turn=frame.turn, child=child)
+        return
+    if pending.cancel_requested:  # cancelled while its last step ran: it ends, nothing waits
+        await runner.end_without_result(runtime, pending, TurnStatus.CANCELLED, "cancelled before it could wait")
         return
     with anyio.CancelScope(shield=True):
         try:
