@@ -219,6 +219,8 @@ def test_kill_9_of_the_supervisor_while_pending_and_right_after_approve(tmp_path
         [still] = pending_approvals(daemon, session)
         assert still["id"] == approval["id"]
         assert daemon.session(session)["state"] == "awaiting_approval"
+        [listed] = [s for s in daemon.json("GET", "/v1/sessions", status=200) if s["id"] == session]
+        assert listed["state"] == "awaiting_approval"
         assert daemon.turn(session, turn, finished=False)["status"] == "pending"
         assert runs(tmp_path) == 0
         decide(daemon, approval["id"], {"decision": "approve"})

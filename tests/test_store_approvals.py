@@ -51,6 +51,7 @@ async def test_stored_then_decided_exactly_once_under_a_race(store: Store) -> No
     [approval] = parked.approvals
     assert parked.new == [approval.id] and approval.status is ApprovalStatus.PENDING
     assert await store.awaiting_turn("s1") == "t1"
+    assert await store.awaiting_sessions(["s1", "nope"]) == {"s1"}
     assert await store.interrupted_turns() == []  # nothing re-runs it while it waits
     assert await store.claim_orphaned("r2", 30.0) == []
     assert await store.pending_approvals() == 1
@@ -71,6 +72,7 @@ async def test_stored_then_decided_exactly_once_under_a_race(store: Store) -> No
     decided, ready = won[0]
     assert ready and decided.status.value == decided.reason
     assert await store.awaiting_turn("s1") is None
+    assert await store.awaiting_sessions(["s1"]) == set()
     [(session, started)] = await store.interrupted_turns()  # a restart now runs it
     assert (session.id, started.id) == ("s1", "t1")
     found = await store.parked_run("s1", "t1")

@@ -25,6 +25,7 @@ from agentd.store.sansio import Op, Row, execute, fetch_all, fetch_one, pending_
 __all__ = [
     "AWAITING",
     "approval_from_row",
+    "awaiting_sessions",
     "awaiting_turn",
     "decide_approval",
     "decode_run",
@@ -273,6 +274,20 @@ def awaiting_turn(session_id: str) -> Op[str | None]:
         pending=PENDING,
     )
     return None if row is None else str(row["id"])
+
+
+def awaiting_sessions(session_ids: Sequence[str]) -> Op[set[str]]:
+    """``Store.awaiting_sessions``: which of ``session_ids`` have a turn awaiting approval."""
+    if not session_ids:
+        return set()
+    names = {f"s{i}": session_id for i, session_id in enumerate(session_ids)}
+    rows = yield from fetch_all(
+        f"SELECT t.session FROM turns t WHERE t.status = :pending AND t.session IN"
+        f" ({', '.join(':' + name for name in names)}) AND {AWAITING}",
+        pending=PENDING,
+        **names,
+    )
+    return {str(row["session"]) for row in rows}
 
 
 def get_approval(approval_id: str) -> Op[Approval | None]:

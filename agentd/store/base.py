@@ -442,6 +442,10 @@ class Store(abc.ABC):
         """The session's pending turn if it awaits approval."""
 
     @abc.abstractmethod
+    async def awaiting_sessions(self, session_ids: Sequence[str]) -> set[str]:
+        """Which of ``session_ids`` have a turn that awaits approval."""
+
+    @abc.abstractmethod
     async def get_approval(self, approval_id: str) -> Approval | None:
         """One approval."""
 

@@ -299,6 +299,9 @@ class SqlStore(Store):
             f"read whether session {session_id} awaits approval", approval_ops.awaiting_turn(session_id)
         )
 
+    async def awaiting_sessions(self, session_ids: Sequence[str]) -> set[str]:
+        return await self._read("read which sessions await approval", approval_ops.awaiting_sessions(session_ids))
+
     async def get_approval(self, approval_id: str) -> Approval | None:
         return await self._read(f"read approval {approval_id}", approval_ops.get_approval(approval_id))
 

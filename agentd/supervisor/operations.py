@@ -210,9 +210,13 @@ class Operations:
             raise BadInput(str(exc), code="bad_cursor") from None
         except StoreError as exc:
             raise store_failure(exc) from None
+        cold = [s.id for s in page if s.state == "running" and s.id not in self.sessions]
+        awaiting = await self._store(self.store.awaiting_sessions(cold)) if cold else set()
         summaries = []
         for stored in page:
             assistant, state, generation, model = self._effective(stored)
+            if stored.id in awaiting:
+                state = "awaiting_approval"  # its turn waits for approvals (RFC 0010); not hot here
             summaries.append(
                 SessionSummary(
                     id=stored.id,
