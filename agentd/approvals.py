@@ -1,4 +1,4 @@
-"""Human approval of tool calls (RFC 0010): the pure pieces — which calls need one, the record of an
+"""Human approval of tool calls (RFC 0011): the pure pieces — which calls need one, the record of an
 approval, what a decision may change, and what a parked run carries back to its child.
 
 No I/O here. The child asks ``ApprovalRules.needs`` at a step boundary; the supervisor's owner of

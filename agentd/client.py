@@ -287,7 +287,7 @@ class AgentdClient:
         return self._ok_object(self._request("DELETE", _session_path(session_id)))
 
     def list_approvals(self, *, status: str | None = None, session: str | None = None) -> list[ApprovalView]:
-        """``GET /v1/approvals`` (RFC 0010 §6), filtered."""
+        """``GET /v1/approvals`` (RFC 0011 §6), filtered."""
         query = "&".join(f"{k}={quote(v, safe='')}" for k, v in (("status", status), ("session", session)) if v)
         return self._decode(self._request("GET", "/v1/approvals" + (f"?{query}" if query else "")), list[ApprovalView])
 

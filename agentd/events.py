@@ -20,7 +20,7 @@ SWAP_APPLIED: Final = "swap.applied"
 TURN_RESTARTED: Final = "turn.restarted"
 TURN_DONE: Final = "turn.done"
 SESSION_FAILED: Final = "session.failed"
-# A tool call waits for a human's approval (RFC 0010 §6) ...
+# A tool call waits for a human's approval (RFC 0011 §6) ...
 APPROVAL_REQUESTED: Final = "approval.requested"
 # ... and was decided: approved, rejected, expired or cancelled.
 APPROVAL_DECIDED: Final = "approval.decided"
@@ -157,7 +157,7 @@ LOG_TURN_CRASHED: Final = "turn.crashed"
 LOG_TURN_INTERNAL_ERROR: Final = "turn.internal_error"
 LOG_TURN_RERUN: Final = "turn.rerun"
 LOG_TURN_UNEXPECTED: Final = "turn.unexpected"
-# Approvals (RFC 0010): a run stopped for approvals (child, debug); the supervisor stored them;
+# Approvals (RFC 0011): a run stopped for approvals (child, debug); the supervisor stored them;
 # one was decided (approved, rejected, expired, cancelled); a turn whose approvals are all
 # decided goes on; storing or resuming failed; a restart-turn swap discarded a waiting run.
 LOG_TURN_PARKED: Final = "turn.parked"

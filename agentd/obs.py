@@ -173,7 +173,7 @@ class Metrics:
         self.turn_reruns = Counter(
             "agentd_turn_reruns", "Turns re-run on another child after theirs ended", registry=self.registry
         )
-        # RFC 0010 §6: approvals waiting now (read fresh from the store), and decisions by outcome.
+        # RFC 0011 §6: approvals waiting now (read fresh from the store), and decisions by outcome.
         self.approvals_pending = Gauge(
             "agentd_approvals_pending", "Tool-call approvals waiting for a decision", registry=self.registry
         )

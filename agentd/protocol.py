@@ -179,7 +179,7 @@ class Input(_Frame, frozen=True, tag="input", kw_only=True):
     # What earlier runs of this turn journaled (RFC 0008 §5): reused, never run again.
     journal: list[JournalEntry] = []
     # A run that stopped for approvals goes on from where it stopped, with what was decided for
-    # the calls it waited on (RFC 0010 §3). Unset: the turn runs from its start.
+    # the calls it waited on (RFC 0011 §3). Unset: the turn runs from its start.
     resume: ParkedRun | None = None
     decisions: list[Decision] = []
 
@@ -232,7 +232,7 @@ class TurnDone(_Frame, frozen=True, tag="turn_done", kw_only=True):
 
 class TurnParked(_Frame, frozen=True, tag="turn_parked", kw_only=True):
     """← The turn's run stopped at a step boundary: ``requests`` are calls of its last step that
-    wait for a human's approval (RFC 0010 §3). The turn has not ended; the session is idle here."""
+    wait for a human's approval (RFC 0011 §3). The turn has not ended; the session is idle here."""
 
     session: str
     turn: str

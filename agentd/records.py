@@ -20,7 +20,7 @@ from agentd.messages import UserMessage
 
 __all__ = ["PENDING", "Discarded", "JournalEntry", "SessionState", "StartedTurn", "TurnRecord"]
 
-# ``awaiting_approval``: its turn waits for approvals (RFC 0010); never stored as a row's state.
+# ``awaiting_approval``: its turn waits for approvals (RFC 0011); never stored as a row's state.
 SessionState = Literal["idle", "running", "awaiting_approval", "failed", "closed"]
 
 #: The status of a turn that has started and has not ended (never a TurnStatus: no turn ends pending).

@@ -80,7 +80,7 @@ class Tool:
     def __init__(self, fn: Callable[..., Any], name: str | None = None, ref: str | None = None) -> None:
         self.fn = fn
         self.name = name or fn.__name__
-        self.ref = ref  # how the config names it (``require_approval`` matches on it, RFC 0010 §2)
+        self.ref = ref  # how the config names it (``require_approval`` matches on it, RFC 0011 §2)
         self._arguments_type = _arguments_struct(fn, self.name)
         schema = msgspec.json.schema(self._arguments_type)
         defs = schema.get("$defs", {})

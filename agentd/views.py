@@ -221,7 +221,7 @@ class SessionCounts(_Body, kw_only=True):
 
 
 class ApprovalCounts(_Body, kw_only=True):
-    pending: int = 0  # tool calls waiting for a human's decision (RFC 0010)
+    pending: int = 0  # tool calls waiting for a human's decision (RFC 0011)
 
 
 class StatusView(_Body, kw_only=True):
@@ -249,7 +249,7 @@ class ReloadResult(_Body, kw_only=True):
 
 
 class ApprovalView(_Body, kw_only=True):
-    """A tool call waiting for (or given) a human's decision (RFC 0010 §6)."""
+    """A tool call waiting for (or given) a human's decision (RFC 0011 §6)."""
 
     id: str
     session: str
@@ -292,7 +292,7 @@ class Decide(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class MessageResult(_Body, kw_only=True):
     turn: TurnView
     messages: list[Entry] = []
-    # The turn waits for these (its status is ``pending``): decide them to let it go on (RFC 0010).
+    # The turn waits for these (its status is ``pending``): decide them to let it go on (RFC 0011).
     approvals: list[ApprovalView] | msgspec.UnsetType = msgspec.UNSET
 
 

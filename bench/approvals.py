@@ -1,4 +1,4 @@
-"""Approvals (RFC 0010): what turns waiting for a human cost, and how soon an approved call starts.
+"""Approvals (RFC 0011): what turns waiting for a human cost, and how soon an approved call starts.
 
     .venv/bin/python bench/approvals.py [--sessions 10000] [--approvals 200]
 

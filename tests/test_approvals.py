@@ -1,4 +1,4 @@
-"""The pure pieces of approvals (RFC 0010): which calls need one, the decisions a parked run gets,
+"""The pure pieces of approvals (RFC 0011): which calls need one, the decisions a parked run gets,
 and what edited arguments must fit. No processes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""End to end through ``agentd run``: human approval of tool calls (RFC 0010).
+"""End to end through ``agentd run``: human approval of tool calls (RFC 0011).
 
 The scripted model calls every offered tool the user's text names; ``record`` (``tests.tooling``)
 is side-effecting and appends a line to ``tools.log`` each time it runs, so a test counts its runs

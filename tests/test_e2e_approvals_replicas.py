@@ -1,4 +1,4 @@
-"""Approvals across replicas on one PostgreSQL database (RFC 0010 §4), end to end: a decision wins
+"""Approvals across replicas on one PostgreSQL database (RFC 0011 §4), end to end: a decision wins
 once whichever replica it is made on, and a pending approval outlives the replica that stored it."""
 
 from __future__ import annotations

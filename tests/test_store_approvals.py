@@ -1,4 +1,4 @@
-"""The store's approvals (RFC 0010 §4), against both backends (the ``store`` fixture): stored with
+"""The store's approvals (RFC 0011 §4), against both backends (the ``store`` fixture): stored with
 the parked run, decided exactly once under a race, expired, kept or cancelled by a re-run, ended
 with their turn; a turn that awaits approval is neither interrupted nor orphaned."""
 

@@ -69,7 +69,7 @@ class ChildSession:
         self.policy = policy
         self.limits = limits
         self.intelligence = dict(intelligence)
-        # A turn that waited for approvals finishes on what it started on (finish-on-old, RFC 0010 §5).
+        # A turn that waited for approvals finishes on what it started on (finish-on-old, RFC 0011 §5).
         self.pinned: Intelligence | None = None
         self.provider: Provider = build_provider(self.current_intelligence)
         self.provider_stale = False  # a swap was adopted while idle: rebuild before the next call

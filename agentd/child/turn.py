@@ -66,7 +66,7 @@ class _Restart(Exception):
 
 
 class _Park(Exception):
-    """Raised at a step boundary when calls of the step wait for a human's approval (RFC 0010 §3)."""
+    """Raised at a step boundary when calls of the step wait for a human's approval (RFC 0011 §3)."""
 
     def __init__(self, requests: list[ApprovalRequest]) -> None:
         super().__init__(f"{len(requests)} calls await approval")
@@ -181,7 +181,7 @@ class _Attempt:
                 return status
 
     def _approvals_needed(self, message: AssistantMessage) -> list[ApprovalRequest]:
-        """The calls of ``message`` that wait for a human (``require_approval``, RFC 0010 §2)."""
+        """The calls of ``message`` that wait for a human (``require_approval``, RFC 0011 §2)."""
         rules = ApprovalRules.of(self.session.assistant_config.require_approval)
         requests = []
         for call in message.tool_calls:
@@ -458,7 +458,7 @@ async def run_turn(
     decisions: Sequence[Decision] = (),
 ) -> TurnDone | TurnParked:
     """Run one turn to its end and return the TurnDone to send (TurnDiscarded frames are sent on the way),
-    or the TurnParked that stops it at a step whose calls wait for approvals (RFC 0010 §3).
+    or the TurnParked that stops it at a step whose calls wait for approvals (RFC 0011 §3).
 
     ``accepted_at`` (epoch seconds) is when the supervisor accepted the turn: its deadline counts
     from then, so a turn re-run after a crash does not get a fresh deadline. ``journal`` is what

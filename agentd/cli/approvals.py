@@ -1,4 +1,4 @@
-"""``agentd approvals``, ``agentd approve``, ``agentd reject`` (RFC 0010 §6), and how ``agentd chat``
+"""``agentd approvals``, ``agentd approve``, ``agentd reject`` (RFC 0011 §6), and how ``agentd chat``
 asks about a tool call inline."""
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def cmd_send(args: argparse.Namespace) -> int:
     if isinstance(result, Accepted):  # only if the daemon ignored wait=true
         err(f"the daemon did not wait for the turn; it runs as {result.turn_id}")
         return 1
-    if result.approvals:  # the turn waits for a human (RFC 0010): say what, and how to decide
+    if result.approvals:  # the turn waits for a human (RFC 0011): say what, and how to decide
         for approval in result.approvals:
             err(
                 f"turn {result.turn.id} waits for approval {approval.id}: {approval.tool}({to_json(approval.arguments)})"

@@ -298,7 +298,7 @@ def semantic_issues(config: Config) -> list[ConfigIssue]:
 
 def _approval_issues(required: tuple[str, ...], tools: tuple[str, ...], where: str) -> list[ConfigIssue]:
     """``require_approval`` names only the assistant's own tools: an entry of ``tools``, a tool of a
-    server whose ``server:*`` is there, or "*" (RFC 0010 §2)."""
+    server whose ``server:*`` is there, or "*" (RFC 0011 §2)."""
     issues = []
     offered = set(tools)
     for k, name in enumerate(required):

@@ -108,7 +108,7 @@ class Limits(_Section, frozen=True):
     max_tokens: Annotated[int, msgspec.Meta(ge=0, le=1_000_000_000_000)] = 0  # 0 = no token budget
     deadline: Seconds = 120.0
     max_turn_restarts: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 2
-    # A pending approval of a tool call expires after this ("0s" = never; RFC 0010 §4).
+    # A pending approval of a tool call expires after this ("0s" = never; RFC 0011 §4).
     approval_timeout: SecondsOrNever = 24 * 3600.0
 
 
@@ -168,7 +168,7 @@ class Assistant(_Section, frozen=True):
     first_message_mode: FirstMessageMode = FirstMessageMode.SPEAKS_FIRST
     tools: tuple[ToolRef, ...] = ()
     # Tools (as named in ``tools``; "server:*"; "*" = every tool not free of side effects) whose
-    # calls wait for a human's approval (RFC 0010 §2).
+    # calls wait for a human's approval (RFC 0011 §2).
     require_approval: tuple[ApprovalRef, ...] = ()
     intelligence: IntelligenceOverride | None = None
     transfers: tuple[Transfer, ...] = ()

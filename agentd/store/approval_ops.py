@@ -1,4 +1,4 @@
-"""The store operations of approvals (RFC 0010 §4), written once for both backends like
+"""The store operations of approvals (RFC 0011 §4), written once for both backends like
 ``agentd.store.operations`` (kept apart so that neither module outgrows the layout bound).
 
 Two tables: ``approvals``, one row per tool call a human decides on, and ``parked_turns``, the run
@@ -324,7 +324,7 @@ def pending_approvals() -> Op[int]:
 
 
 def unpark_for_swap(assistant: str, model: str, now: float) -> Op[list[tuple[str, str]]]:
-    """``Store.unpark_for_swap``: restart-turn (RFC 0010 §5): the parked runs of turns awaiting
+    """``Store.unpark_for_swap``: restart-turn (RFC 0011 §5): the parked runs of turns awaiting
     approval on ``assistant`` that ran on another model are dropped; the turns, to re-run now. Their
     pending approvals stay (a re-run that asks for the same call keeps one); the parked run is
     replaced by a marker (``run`` empty) of when it was discarded."""

@@ -400,7 +400,7 @@ class Store(abc.ABC):
         """The journaled calls of a turn in order (empty once the turn has ended: commit and abandon
         delete them in the transaction that ends the turn)."""
 
-    # ------------------------------------------------------------------ approvals (RFC 0010 §4)
+    # ------------------------------------------------------------------ approvals (RFC 0011 §4)
 
     @abc.abstractmethod
     async def park_turn(

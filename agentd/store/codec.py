@@ -37,7 +37,7 @@ __all__ = [
     "not_pending",
 ]
 
-# The states a session row holds: ``awaiting_approval`` is derived from its turn (RFC 0010 §4).
+# The states a session row holds: ``awaiting_approval`` is derived from its turn (RFC 0011 §4).
 SESSION_STATES: Final[frozenset[str]] = frozenset(get_args(SessionState)) - {"awaiting_approval"}
 TURN_STATUSES: Final[frozenset[str]] = frozenset(status.value for status in TurnStatus)
 _MESSAGE_TYPES = (UserMessage, AssistantMessage, SystemMessage, ToolResult)

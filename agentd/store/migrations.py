@@ -34,7 +34,7 @@ Versions:
    by the store's clock), so that the replica that claims a session to run its turn knows at once
    where to relay the turn's events (RFC 0009 §7). Rows are hints: a replica that stops
    refreshing its rows is ignored once they expire, and expired rows are deleted by heartbeats.
-8. Approvals (RFC 0010 §4): ``approvals``, one row per tool call a human decides on (its status
+8. Approvals (RFC 0011 §4): ``approvals``, one row per tool call a human decides on (its status
    changes once, from ``pending``), and ``parked_turns``, the run of a pending turn that stopped
    for them (JSON), deleted by the transaction that ends the turn.
 """

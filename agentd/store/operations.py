@@ -149,7 +149,7 @@ def list_sessions(limit: int, after: str | None) -> Op[list[StoredSession]]:
 
 def interrupted_turns() -> Op[list[tuple[StoredSession, StartedTurn]]]:
     """``Store.interrupted_turns``: every pending turn of a session that is not closed, oldest first
-    (but those that await approval: nothing runs them until they are decided, RFC 0010 §4)."""
+    (but those that await approval: nothing runs them until they are decided, RFC 0011 §4)."""
     turns = yield from fetch_all(
         f"{TURN_SELECT} WHERE t.status = :pending AND NOT {AWAITING} ORDER BY t.started_at, t.n", pending=PENDING
     )

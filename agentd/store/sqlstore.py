@@ -246,7 +246,7 @@ class SqlStore(Store):
         op = ops.journal_entries(session_id, turn_id)
         return await self._read(f"read the journal of session {session_id} turn {turn_id}", op)
 
-    # ------------------------------------------------------------------ approvals (RFC 0010 §4)
+    # ------------------------------------------------------------------ approvals (RFC 0011 §4)
 
     async def park_turn(
         self,

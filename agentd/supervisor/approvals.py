@@ -1,4 +1,4 @@
-"""The supervisor's owner of approvals (RFC 0010): it stores them, decides them, expires them, and
+"""The supervisor's owner of approvals (RFC 0011): it stores them, decides them, expires them, and
 says how a turn that parked for them goes on.
 
 Nothing here is kept in memory per approval: the store is the one place they are (a turn that waits
@@ -221,7 +221,7 @@ class Approvals:
 
     async def unpark_for_swap(self, assistants: list[str]) -> list[tuple[str, str]]:
         """Under restart-turn: drop the parked runs of ``assistants``' turns awaiting approval that
-        ran on another model than the new one; those turns, to re-run now (RFC 0010 §5)."""
+        ran on another model than the new one; those turns, to re-run now (RFC 0011 §5)."""
         if self.running.policy.policy is not SwapPolicy.RESTART_TURN:
             return []
         turns: list[tuple[str, str]] = []
@@ -312,7 +312,7 @@ class _Runner(Protocol):
 
 async def load_parked(runner: _Runner, runtime: SessionRuntime, turn: PendingTurn) -> bool:
     """Before a turn that is not fresh runs: whether it runs now — from its start, or from its parked
-    run with the decisions (its deadline going on from what it had used) — or waits on (RFC 0010 §3)."""
+    run with the decisions (its deadline going on from what it had used) — or waits on (RFC 0011 §3)."""
     if runner.approvals is None:
         return True
     try:

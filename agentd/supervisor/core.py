@@ -180,7 +180,7 @@ class Supervisor:
 
     async def _swapped(self, assistants: list[str]) -> None:
         """A reload swapped ``assistants``' intelligence: under restart-turn, their turns awaiting
-        approval are discarded at once (nothing runs) and re-run on the new model (RFC 0010 §5)."""
+        approval are discarded at once (nothing runs) and re-run on the new model (RFC 0011 §5)."""
         for session_id, turn_id in await self.approvals.unpark_for_swap(assistants):
             await self._resume_parked(session_id, turn_id)
 

@@ -51,7 +51,7 @@ class Reloader:
         self._awaiting_acks: dict[int, tuple[set[str], float]] = {}
         self._all_acked = anyio.Event()  # set when the newest fan-out's children have all acked
         # Called with the assistants whose intelligence a reload changed, once it fanned out
-        # (turns awaiting approval under restart-turn re-run, RFC 0010 §5).
+        # (turns awaiting approval under restart-turn re-run, RFC 0011 §5).
         self.after_swap: Callable[[list[str]], Awaitable[None]] | None = None
 
     async def reload(self) -> ReloadResult:

@@ -216,7 +216,7 @@ class Operations:
         for stored in page:
             assistant, state, generation, model = self._effective(stored)
             if stored.id in awaiting:
-                state = "awaiting_approval"  # its turn waits for approvals (RFC 0010); not hot here
+                state = "awaiting_approval"  # its turn waits for approvals (RFC 0011); not hot here
             summaries.append(
                 SessionSummary(
                     id=stored.id,
@@ -382,7 +382,7 @@ class Operations:
             model=runtime.model,
         )
 
-    # ------------------------------------------------------------------ approvals (RFC 0010 §6)
+    # ------------------------------------------------------------------ approvals (RFC 0011 §6)
 
     async def list_approvals(
         self, *, status: str | None, session: str | None, limit: int, after: str | None

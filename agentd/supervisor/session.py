@@ -64,7 +64,7 @@ class PendingTurn:
     cut_code: str = "turn_cut"  # the API error code for ``cut``
     # Stored here but run by another replica (it held the session's lease): waited for in the store.
     elsewhere: bool = False
-    # RFC 0010: a run that parked for approvals goes on from here (the run, what was decided) ...
+    # RFC 0011: a run that parked for approvals goes on from here (the run, what was decided) ...
     resume: tuple[ParkedRun, list[Decision]] | None = None
     # ... and, once it parked, the approvals it waits for (what a waiting client is answered with).
     awaiting: list[Approval] | None = None
@@ -161,7 +161,7 @@ class SessionRuntime:
             self.state = "idle"
 
     def turn_awaiting(self) -> None:
-        """Its turn waits for approvals (RFC 0010): nothing in flight here, no child slot held; the
+        """Its turn waits for approvals (RFC 0011): nothing in flight here, no child slot held; the
         session may unload. The turn stays pending in the store, and resumes once decided."""
         self.pending = None
         self.intel_waiting = False

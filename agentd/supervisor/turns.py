@@ -224,7 +224,7 @@ class Turns:
                     decided_at=now,
                 )
                 approvals.decided(runtime, cancelled)
-        # The transaction that abandons the turn cancels its pending approvals (RFC 0010 §4).
+        # The transaction that abandons the turn cancels its pending approvals (RFC 0011 §4).
         await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, reason)
         return turn_id
 
@@ -239,7 +239,7 @@ class Turns:
 
     def result(self, turn: PendingTurn) -> MessageResult:
         """What a waiting client is answered once ``turn`` has its answer."""
-        if turn.record is None and turn.awaiting is not None:  # it waits for approvals (RFC 0010)
+        if turn.record is None and turn.awaiting is not None:  # it waits for approvals (RFC 0011)
             started = StartedTurn(id=turn.id, message=turn.message, started_at=turn.started_at)
             return MessageResult(turn=turn_view(started), approvals=[approval_view(a) for a in turn.awaiting])
         if turn.record is None:  # stopped without ending: the daemon is shutting down
