@@ -324,7 +324,7 @@ async def load_parked(runner: _Runner, runtime: SessionRuntime, turn: PendingTur
         await await_decisions(runner, runtime, turn)
         return False
     if isinstance(how, tuple):
-        turn.resume, turn.budget_start = how, time.time() - how[0].elapsed  # the wait did not count
+        turn.resume_from(*how)
     return True
 
 
@@ -335,8 +335,7 @@ async def await_decisions(runner: _Runner, runtime: SessionRuntime, turn: Pendin
         return
     await runner._release(runtime)
     runtime.turn_awaiting()
-    if turn.awaiting is None:
-        turn.awaiting = []
+    turn.waits_for(turn.awaiting or [])
     turn.mark_done()
     runner._on_turn_finished()
     runner.evict_if_cold(runtime)
@@ -367,7 +366,7 @@ async def on_parked(runner: _Runner, runtime: SessionRuntime, child: str, frame:
             runtime.log.error(events.LOG_APPROVAL_FAILED, what="store the approvals", turn=frame.turn, error=str(exc))
             await runner.end_without_result(runtime, pending, TurnStatus.FAILED, f"cannot store its approvals: {exc}")
             return
-        pending.awaiting, pending.resume = result.approvals, None
+        pending.waits_for(result.approvals)
         await await_decisions(runner, runtime, pending)
         runner.approvals.announce(runtime, result)
         if all(a.status is not ApprovalStatus.PENDING for a in result.approvals):

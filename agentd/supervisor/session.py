@@ -79,6 +79,15 @@ class PendingTurn:
         if not self.budget_start:
             self.budget_start = self.started_at
 
+    def resume_from(self, run: ParkedRun, decisions: list[Decision]) -> None:
+        """It goes on from a parked run (RFC 0011 §3); its deadline counts on from what it had used."""
+        self.resume = (run, decisions)
+        self.budget_start = time.time() - run.elapsed  # the wait for approvals did not count
+
+    def waits_for(self, approvals: list[Approval]) -> None:
+        """Its run parked for ``approvals`` (what a waiting client is answered with)."""
+        self.awaiting, self.resume = approvals, None
+
     def journal_landed(self) -> None:
         """One journal write of this turn finished (written or refused)."""
         self.journal_writes -= 1
