@@ -3,6 +3,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# The suite's end-to-end tests mostly wait on the daemons they start: four workers keep two cores busy.
+TEST_WORKERS ?= 4
 
 .PHONY: run test check lint types unit install install-test bench clean
 
@@ -35,12 +37,12 @@ types: install-test
 	$(BIN)/mypy
 
 unit: install-test
-	$(BIN)/python -m pytest -m "not e2e" -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not e2e" -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 check: lint types unit
 
 test: lint types
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 bench: install-test
 	$(BIN)/python bench/child_figures.py

@@ -1,9 +1,14 @@
 """The HTTP+JSON control API (RFC 0000 §6) as a Starlette app over the daemon's operations.
 
-Bodies are msgspec Structs from agentd.views; every error is ``{"error": {"code", "message"}}``.
-The operations refuse with the domain errors of ``agentd.errors``; this module alone says which
-HTTP status each is answered with (``STATUS``). The app is built over any ``Service`` (the
-daemon's composition root, ``agentd.supervisor.daemon``, gives it the supervisor).
+This module is the one route table: the native routes (``ROUTES``), the OpenAI-compatible door's
+(``DOOR_ROUTES``, handled in ``agentd.door``, RFC 0010), and what each takes and answers
+(``DOCS``: the OpenAPI document, ``agentd.openapi``, is generated from them).
+Bodies are msgspec Structs from agentd.views; every error is ``{"error": {"code", "message"}}``
+(the door's: OpenAI's shape, RFC 0010 §4). The operations refuse with the domain errors of
+``agentd.errors``; one table says which HTTP status each is answered with (``STATUS``, in
+``agentd.apicommon``, which the door shares). The app is built over any ``Service``
+(``agentd.service``; the daemon's composition root, ``agentd.supervisor.daemon``, gives it the
+supervisor). Creating POSTs take an ``Idempotency-Key`` (``agentd.apikeys``, RFC 0010 §2).
 The unix socket listener needs no token (the socket is mode 0600); the optional TCP listener is
 wrapped in ``BearerAuth``. While the daemon waits for its store at start-up the listeners serve
 ``build_waiting_app`` instead (alive, not ready), through a ``SwitchableApp`` that the daemon
@@ -12,14 +17,12 @@ points at ``build_app``'s once the supervisor serves.
 
 from __future__ import annotations
 
-import json
 import secrets
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 import anyio
 import msgspec
-from anyio.streams.memory import MemoryObjectReceiveStream
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -28,185 +31,74 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentd import events
-from agentd.config import Config
-from agentd.errors import (
-    BadInput,
-    Conflict,
-    NotFound,
-    ServiceError,
-    StoreFull,
-    TooLarge,
-    Unavailable,
+from agentd import __version__, events
+from agentd.apicommon import (
+    MESSAGE_LIMIT,
+    STATUS,
+    JSONResponse,
+    decode,
+    decode_bytes,
+    error_response,
+    is_number,
+    on_service_error,
+    read_body,
+    status_of,
 )
+from agentd.apikeys import CREDENTIAL, idempotent
+from agentd.door.errors import door_error, is_door_path
+from agentd.door.routes import door_handlers
+from agentd.door.shapes import (
+    ChatCompletion,
+    ChatRequest,
+    ConversationCreate,
+    ConversationDeleted,
+    ConversationObject,
+    DoorErrorBody,
+    ItemList,
+    ModelList,
+    ModelObject,
+    ResponseObject,
+    ResponsesRequest,
+)
+from agentd.errors import BadInput, ServiceError
 from agentd.obs import get_logger
+from agentd.openapi import RouteDoc, document
+from agentd.service import Claim, Service
 from agentd.views import (
     Accepted,
     ApprovalView,
+    Cancelling,
     CreateSession,
     Decide,
     ErrorBody,
-    ErrorDetail,
+    Health,
     MessageResult,
     PostMessage,
+    Readiness,
     ReloadResult,
     SessionSummary,
     SessionView,
     StatusView,
 )
 
-__all__ = ["ROUTES", "STATUS", "BearerAuth", "Service", "SwitchableApp", "build_app", "build_waiting_app", "status_of"]
+__all__ = [
+    "ALL_ROUTES",
+    "DOOR_ROUTES",
+    "ROUTES",
+    "STATUS",
+    "BearerAuth",
+    "Service",
+    "SwitchableApp",
+    "build_app",
+    "build_waiting_app",
+    "status_of",
+]
 
 log = get_logger("api")
 
 SSE_KEEPALIVE_SECONDS = 15.0
 DEFAULT_PAGE = 100  # GET /v1/sessions without ?limit=
 MAX_PAGE = 10_000
-
-
-class JSONResponse(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return msgspec.json.encode(content)
-
-
-def error_response(status: int, code: str, message: str, turn: str | None = None) -> JSONResponse:
-    return JSONResponse(ErrorBody(error=ErrorDetail(code=code, message=message, turn=turn)), status_code=status)
-
-
-#: The HTTP status of each kind of domain error (the most specific kind listed wins).
-STATUS: dict[type[ServiceError], int] = {
-    BadInput: 400,
-    NotFound: 404,
-    Conflict: 409,
-    TooLarge: 413,
-    Unavailable: 503,
-    StoreFull: 507,
-}
-
-
-def status_of(error: ServiceError) -> int:
-    """The HTTP status ``error`` is answered with (500 for a kind ``STATUS`` does not list)."""
-    for kind in type(error).__mro__:
-        if kind in STATUS:
-            return STATUS[kind]
-    return 500
-
-
-async def _on_service_error(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ServiceError)
-    return error_response(status_of(exc), exc.code, exc.message, exc.turn)
-
-
-class Service(Protocol):
-    """What the API serves: the daemon's operations."""
-
-    @property
-    def config(self) -> Config:
-        """The running config (the message size limit)."""
-
-    def ready(self) -> list[str]:
-        """Reasons the daemon is not ready (empty = ready)."""
-
-    async def status(self) -> StatusView: ...
-    async def reload(self) -> ReloadResult: ...
-    async def metrics_text(self) -> bytes: ...
-    async def create_session(self, assistant_name: str | None) -> SessionView: ...
-    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]: ...
-    async def get_session(self, session_id: str) -> SessionView: ...
-    async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted: ...
-    async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[tuple[str, dict[str, Any]]]: ...
-    def unsubscribed(self, session_id: str) -> None: ...
-    async def cancel(self, session_id: str) -> str: ...
-    async def close_session(self, session_id: str) -> SessionSummary: ...
-    async def list_approvals(
-        self, *, status: str | None = None, session: str | None = None, limit: int = 100, after: str | None = None
-    ) -> list[ApprovalView]: ...
-    async def get_approval(self, approval_id: str) -> ApprovalView: ...
-    async def decide_approval(
-        self, approval_id: str, decision: str, reason: str | None, arguments: object | None
-    ) -> ApprovalView: ...
-
-
-def _page_limit(request: Request) -> int:
-    """``?limit=`` of a listing: 1 to ``MAX_PAGE`` (``DEFAULT_PAGE`` when absent)."""
-    limit_text = request.query_params.get("limit", str(DEFAULT_PAGE))
-    if not _is_number(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
-        raise BadInput(f"limit must be a whole number from 1 to {MAX_PAGE}, not {limit_text!r}", code="bad_limit")
-    return int(limit_text)
-
-
-def _is_number(text: str) -> bool:
-    """ASCII digits only: ``"²".isdigit()`` is true, yet ``int("²")`` raises."""
-    return text.isascii() and text.isdigit()
-
-
-#: Where a body limit comes from, as a 413 names it.
-MESSAGE_LIMIT = "[server] max_message_bytes"
-FIXED_LIMIT = "1 MiB, the fixed limit of this route; [server] max_message_bytes is for messages"
-
-
-async def _read_body(request: Request, limit: int, source: str = FIXED_LIMIT) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed ``limit`` (never read whole)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and _is_number(declared) and int(declared) > limit:
-        raise TooLarge(f"the request body is {int(declared)} bytes; the limit is {limit} bytes ({source})")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge(f"the request body exceeds the limit of {limit} bytes ({source})")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _decode(
-    request: Request, kind: type[Any], *, empty_ok: bool = False, limit: int = 1 << 20, source: str = FIXED_LIMIT
-) -> Any:
-    body = await _read_body(request, limit, source)
-    if not body.strip() and empty_ok:
-        body = b"{}"
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise BadInput(f"invalid request body: {exc}", code="invalid_body") from None
-    except msgspec.DecodeError as exc:
-        where = _lone_surrogate(body)
-        if where is not None:
-            raise BadInput(
-                f"request body is not valid JSON text: the string at {where} holds a lone UTF-16 surrogate "
-                "(a \\uD800-\\uDFFF escape that is not half of a pair), which is not Unicode text",
-                code="malformed_json",
-            ) from None
-        raise BadInput(f"request body is not valid JSON: {exc}", code="malformed_json") from None
-
-
-def _lone_surrogate(body: bytes) -> str | None:
-    """Where (``$.content``) a string escapes a lone surrogate, if that is why msgspec refused the body.
-
-    msgspec refuses them (rightly: they cannot be stored or sent as UTF-8) but says only "Input
-    data was truncated" or "invalid utf-16 surrogate pair". Python's json module accepts them, so
-    on this error path it shows where one is. None when that is not the problem.
-    """
-    try:
-        value = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    pending: list[tuple[str, Any]] = [("$", value)]
-    while pending:
-        path, item = pending.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return path
-        elif isinstance(item, dict):
-            pending.extend((f"{path}.{key}", v) for key, v in reversed(item.items()))
-            pending.extend((f"{path} (a key)", key) for key in item)
-        elif isinstance(item, list):
-            pending.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(item))))
-    return None
 
 
 #: Every route: its path, its method and the name of the handler ``build_app`` serves it with. The
@@ -227,24 +119,260 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("/v1/approvals/{id}", "GET", "get_approval"),
     ("/v1/approvals/{id}", "POST", "decide_approval"),
     ("/metrics", "GET", "metrics"),
+    ("/v1/openapi.json", "GET", "openapi"),
 )
+
+#: The OpenAI-compatible door's routes (RFC 0010), served like the others, answering errors in its shape.
+DOOR_ROUTES: tuple[tuple[str, str, str], ...] = (
+    ("/v1/models", "GET", "list_models"),
+    ("/v1/models/{id}", "GET", "get_model"),
+    ("/v1/chat/completions", "POST", "chat_completion"),
+    ("/v1/responses", "POST", "create_response"),
+    ("/v1/responses/{id}", "GET", "get_response"),
+    ("/v1/responses/{id}/cancel", "POST", "cancel_response"),
+    ("/v1/conversations", "POST", "create_conversation"),
+    ("/v1/conversations/{id}", "GET", "get_conversation"),
+    ("/v1/conversations/{id}/items", "GET", "list_conversation_items"),
+    ("/v1/conversations/{id}", "DELETE", "delete_conversation"),
+)
+#: Every route.
+ALL_ROUTES = ROUTES + DOOR_ROUTES
+#: The route serving the OpenAPI document of every route (RFC 0010 §5).
+OPENAPI_PATH = "/v1/openapi.json"
+
+
+def _codes(*groups: Mapping[int, Sequence[str]]) -> dict[int, tuple[str, ...]]:
+    """Error codes by status, the groups merged."""
+    merged: dict[int, tuple[str, ...]] = {}
+    for group in groups:
+        for status, codes in group.items():
+            merged[status] = (*merged.get(status, ()), *codes)
+    return merged
+
+
+STORE = {503: ("store_unavailable",)}
+BODY = {400: ("invalid_body", "malformed_json"), 413: ("too_large",)}
+CREATING = {
+    400: ("bad_idempotency_key",),
+    409: ("idempotency_in_progress",),
+    422: ("idempotency_key_reused",),
+    503: ("draining", "store_unavailable"),
+    507: ("store_full",),
+}
+TURN = {
+    400: ("empty_message",),
+    404: ("not_found",),
+    409: ("turn_running", "turn_refused", "awaiting_approval"),
+    503: ("turn_cut", "turn_elsewhere", "lease_lost"),
+}
+DOOR_BODY = {400: ("unknown_parameter", "unsupported_parameter", "invalid_value"), 404: ("model_not_found",)}
+DOOR_TURN = {409: ("turn_cancelled",), 500: ("turn_failed",), 503: ("turn_intel_unavailable",)}
+SESSION_HEADER = {"X-Agentd-Session": "chat: the session to continue (request); the session answered (response)"}
+LIMIT = ({"type": "integer", "minimum": 1, "maximum": MAX_PAGE}, "page size")
+
+#: What each route (by handler name) takes and answers: its OpenAPI operation (``agentd.openapi``).
+DOCS: dict[str, RouteDoc] = {
+    "health": RouteDoc("liveness", {200: Health}, error_body=ErrorBody),
+    "ready": RouteDoc("readiness", {200: Readiness, 503: Readiness}, error_body=ErrorBody),
+    "status": RouteDoc("the daemon's status", {200: StatusView}, errors=STORE, error_body=ErrorBody),
+    "reload": RouteDoc(
+        "reload the config file", {200: ReloadResult, 422: ReloadResult}, errors=STORE, error_body=ErrorBody
+    ),
+    "create_session": RouteDoc(
+        "open a session",
+        {201: SessionView},
+        CreateSession,
+        optional_body=True,
+        errors=_codes(BODY, CREATING, {400: ("unknown_assistant",)}),
+        keyed=True,
+        error_body=ErrorBody,
+    ),
+    "list_sessions": RouteDoc(
+        "a page of sessions",
+        {200: list[SessionSummary]},
+        errors=_codes(STORE, {400: ("bad_limit", "bad_cursor")}),
+        query={"limit": LIMIT, "after": ({"type": "string"}, "the last session id of the page before")},
+        error_body=ErrorBody,
+    ),
+    "get_session": RouteDoc(
+        "a session", {200: SessionView}, errors=_codes(STORE, {404: ("not_found",)}), error_body=ErrorBody
+    ),
+    "close_session": RouteDoc(
+        "close a session",
+        {200: SessionSummary},
+        errors=_codes(STORE, {404: ("not_found",), 507: ("store_full",)}),
+        error_body=ErrorBody,
+    ),
+    "post_message": RouteDoc(
+        "send a message: a turn",
+        {200: MessageResult, 202: Accepted},
+        PostMessage,
+        errors=_codes(BODY, CREATING, TURN),
+        keyed=True,
+        error_body=ErrorBody,
+    ),
+    "session_events": RouteDoc(
+        "the session's events",
+        {200: None},
+        errors=_codes(STORE, {404: ("not_found",)}),
+        media="text/event-stream",
+        events=sorted(events.SESSION_EVENTS),
+        error_body=ErrorBody,
+    ),
+    "cancel": RouteDoc(
+        "cancel the running turn",
+        {202: Cancelling},
+        errors=_codes(STORE, {404: ("not_found",), 409: ("no_turn",)}),
+        error_body=ErrorBody,
+    ),
+    "list_approvals": RouteDoc(
+        "a page of tool-call approvals (RFC 0011 §6)",
+        {200: list[ApprovalView]},
+        errors=_codes(STORE, {400: ("bad_status", "bad_limit", "bad_cursor")}),
+        query={
+            "status": (
+                {"enum": ["pending", "approved", "rejected", "expired", "cancelled"]},
+                "only approvals with this status",
+            ),
+            "session": ({"type": "string"}, "only this session's"),
+            "limit": LIMIT,
+            "after": ({"type": "string"}, "the last approval id of the page before"),
+        },
+        error_body=ErrorBody,
+    ),
+    "get_approval": RouteDoc(
+        "an approval", {200: ApprovalView}, errors=_codes(STORE, {404: ("not_found",)}), error_body=ErrorBody
+    ),
+    "decide_approval": RouteDoc(
+        "approve or reject a tool call, once",
+        {200: ApprovalView},
+        Decide,
+        errors=_codes(
+            BODY,
+            STORE,
+            {400: ("bad_decision", "bad_arguments"), 404: ("not_found",), 409: ("already_decided",)},
+        ),
+        error_body=ErrorBody,
+    ),
+    "metrics": RouteDoc("Prometheus metrics", {200: None}, errors=STORE, media="text/plain", error_body=ErrorBody),
+    "openapi": RouteDoc("this document", {200: dict[str, Any]}, error_body=ErrorBody),
+    "list_models": RouteDoc("the models: agentd's assistants", {200: ModelList}, error_body=DoorErrorBody, tag="door"),
+    "get_model": RouteDoc(
+        "a model", {200: ModelObject}, errors={404: ("model_not_found",)}, error_body=DoorErrorBody, tag="door"
+    ),
+    "chat_completion": RouteDoc(
+        "a chat completion: a turn (not streamed)",
+        {200: ChatCompletion},
+        ChatRequest,
+        errors=_codes(BODY, CREATING, TURN, DOOR_BODY, DOOR_TURN),
+        keyed=True,
+        headers=SESSION_HEADER,
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "create_response": RouteDoc(
+        "a response: a turn (not streamed)",
+        {200: ResponseObject},
+        ResponsesRequest,
+        errors=_codes(
+            BODY,
+            CREATING,
+            TURN,
+            DOOR_BODY,
+            {400: ("previous_response_not_latest", "conflicting_parameters", "not_found"), 404: ("turn_not_found",)},
+        ),
+        keyed=True,
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "get_response": RouteDoc(
+        "a response",
+        {200: ResponseObject},
+        errors=_codes(STORE, {404: ("not_found", "turn_not_found")}),
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "cancel_response": RouteDoc(
+        "cancel a response in progress",
+        {200: ResponseObject},
+        errors=_codes(STORE, {404: ("not_found", "turn_not_found"), 409: ("not_in_progress", "no_turn")}),
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "create_conversation": RouteDoc(
+        "a conversation: a new session",
+        {200: ConversationObject},
+        ConversationCreate,
+        optional_body=True,
+        errors=_codes(BODY, CREATING, DOOR_BODY, {400: ("unknown_assistant",)}),
+        keyed=True,
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "get_conversation": RouteDoc(
+        "a conversation",
+        {200: ConversationObject},
+        errors=_codes(STORE, {404: ("not_found",)}),
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "list_conversation_items": RouteDoc(
+        "a conversation's items",
+        {200: ItemList},
+        errors=_codes(STORE, {400: ("invalid_value",), 404: ("not_found",)}),
+        query={
+            "limit": ({"type": "integer", "minimum": 1, "maximum": 100}, "page size (20)"),
+            "order": ({"enum": ["asc", "desc"]}, "desc (newest first) or asc"),
+            "after": ({"type": "string"}, "the last item id of the page before"),
+        },
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+    "delete_conversation": RouteDoc(
+        "delete a conversation: its session is closed",
+        {200: ConversationDeleted},
+        errors=_codes(STORE, {404: ("not_found",), 507: ("store_full",)}),
+        error_body=DoorErrorBody,
+        tag="door",
+    ),
+}
+
+
+def _page_limit(request: Request) -> int:
+    """``?limit=`` of a listing: 1 to ``MAX_PAGE`` (``DEFAULT_PAGE`` when absent)."""
+    limit_text = request.query_params.get("limit", str(DEFAULT_PAGE))
+    if not is_number(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
+        raise BadInput(f"limit must be a whole number from 1 to {MAX_PAGE}, not {limit_text!r}", code="bad_limit")
+    return int(limit_text)
 
 
 async def _health(_: Request) -> Response:
-    return JSONResponse({"status": "ok"})
+    return JSONResponse(Health())
 
 
 def _not_ready(request: Request, reasons: list[str]) -> Response:
     """503 ``{"ready": false, "reasons": […]}``; a probe without the token learns ready or not,
     never why (names, store errors)."""
-    shown = {"ready": False} if request.scope.get(ANONYMOUS_PROBE) else {"ready": False, "reasons": reasons}
+    shown = Readiness(ready=False, reasons=None if request.scope.get(ANONYMOUS_PROBE) else reasons)
     return JSONResponse(shown, status_code=503)
 
 
-async def _on_http_error(_: Request, exc: Exception) -> Response:
+async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, code, str(exc.detail))
+    return _error(request.url.path, exc.status_code, code, str(exc.detail))
+
+
+def _error(path: str, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    """An error answered outside a route's handler, in the shape of the routes at ``path``."""
+    if is_door_path(path):
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        kind = "authentication_error" if status == 401 else kind
+        retry = {} if status >= 500 else {"x-should-retry": "false"}
+        return door_error(status, message, type=kind, code=code, headers={**retry, **(headers or {})})
+    response = error_response(status, code, message)
+    response.headers.update(headers or {})
+    return response
 
 
 def build_app(supervisor: Service) -> Starlette:
@@ -254,7 +382,7 @@ def build_app(supervisor: Service) -> Starlette:
         reasons = supervisor.ready()
         if reasons:
             return _not_ready(request, reasons)
-        return JSONResponse({"ready": True})
+        return JSONResponse(Readiness(ready=True))
 
     async def status(_: Request) -> Response:
         return JSONResponse(await supervisor.status())
@@ -264,8 +392,18 @@ def build_app(supervisor: Service) -> Starlette:
         return JSONResponse(result, status_code=200 if result.applied else 422)
 
     async def create_session(request: Request) -> Response:
-        body = await _decode(request, CreateSession, empty_ok=True)
-        return JSONResponse(await supervisor.create_session(body.assistant), status_code=201)
+        raw = await read_body(request, 1 << 20)
+        body = decode_bytes(raw, CreateSession, empty_ok=True)
+
+        async def work(claim: Claim | None) -> Response:
+            created = await supervisor.create_session(
+                body.assistant,
+                session_id=claim.session if claim else None,
+                resumed=claim.resumed if claim else False,
+            )
+            return JSONResponse(created, status_code=201)
+
+        return await idempotent(supervisor, request, "/v1/sessions", raw, work)
 
     async def list_sessions(request: Request) -> Response:
         after = request.query_params.get("after") or None
@@ -285,7 +423,7 @@ def build_app(supervisor: Service) -> Starlette:
         return JSONResponse(await supervisor.get_approval(request.path_params["id"]))
 
     async def decide_approval(request: Request) -> Response:
-        body = await _decode(request, Decide)
+        body = await decode(request, Decide)
         decided = await supervisor.decide_approval(
             request.path_params["id"], body.decision, body.reason, body.arguments
         )
@@ -295,15 +433,23 @@ def build_app(supervisor: Service) -> Starlette:
         return JSONResponse(await supervisor.get_session(request.path_params["id"]))
 
     async def post_message(request: Request) -> Response:
-        body = await _decode(
-            request, PostMessage, limit=supervisor.config.server.max_message_bytes, source=MESSAGE_LIMIT
-        )
-        result = await supervisor.send_message(request.path_params["id"], body)
-        return JSONResponse(result, status_code=202 if isinstance(result, Accepted) else 200)
+        raw = await read_body(request, supervisor.config.server.max_message_bytes, MESSAGE_LIMIT)
+        body = decode_bytes(raw, PostMessage)
+
+        async def work(claim: Claim | None) -> Response:
+            result = await supervisor.send_message(
+                request.path_params["id"],
+                body,
+                turn_id=claim.turn if claim else None,
+                resumed=claim.resumed if claim else False,
+            )
+            return JSONResponse(result, status_code=202 if isinstance(result, Accepted) else 200)
+
+        return await idempotent(supervisor, request, "/v1/sessions/{id}/messages", raw, work)
 
     async def cancel(request: Request) -> Response:
         turn_id = await supervisor.cancel(request.path_params["id"])
-        return JSONResponse({"turn_id": turn_id, "cancelling": True}, status_code=202)
+        return JSONResponse(Cancelling(turn_id=turn_id), status_code=202)
 
     async def close_session(request: Request) -> Response:
         return JSONResponse(await supervisor.close_session(request.path_params["id"]))
@@ -338,6 +484,11 @@ def build_app(supervisor: Service) -> Starlette:
 
         return Response(await supervisor.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
+    schema = msgspec.json.encode(document(ALL_ROUTES, DOCS, version=__version__))
+
+    async def openapi(_: Request) -> Response:
+        return Response(schema, media_type="application/json")
+
     handlers = {
         "health": _health,
         "ready": ready,
@@ -354,11 +505,13 @@ def build_app(supervisor: Service) -> Starlette:
         "get_approval": get_approval,
         "decide_approval": decide_approval,
         "metrics": metrics,
+        "openapi": openapi,
+        **door_handlers(supervisor),
     }
     return Starlette(
-        routes=[Route(path, handlers[name], methods=[method]) for path, method, name in ROUTES],
+        routes=[Route(path, handlers[name], methods=[method]) for path, method, name in ALL_ROUTES],
         middleware=[Middleware(CatchAll)],
-        exception_handlers={ServiceError: _on_service_error, HTTPException: _on_http_error},
+        exception_handlers={ServiceError: on_service_error, HTTPException: _on_http_error},
     )
 
 
@@ -374,15 +527,15 @@ def build_waiting_app(waiting_for: Callable[[], str]) -> Starlette:
     async def ready(request: Request) -> Response:
         return _not_ready(request, [waiting_for()])
 
-    async def unavailable(_: Request) -> Response:
+    async def unavailable(request: Request) -> Response:
         message = f"agentd is not serving yet ({waiting_for()}); nothing was stored"
-        return error_response(503, "store_unavailable", message)
+        return _error(request.url.path, 503, "store_unavailable", message)
 
     def handler(name: str) -> Callable[[Request], Any]:
         return {"health": _health, "ready": ready}.get(name, unavailable)
 
     return Starlette(
-        routes=[Route(path, handler(name), methods=[method]) for path, method, name in ROUTES],
+        routes=[Route(path, handler(name), methods=[method]) for path, method, name in ALL_ROUTES],
         middleware=[Middleware(CatchAll)],
         exception_handlers={HTTPException: _on_http_error},
     )
@@ -436,7 +589,7 @@ class CatchAll:
             )
             if scope["type"] == "http" and not started:
                 message = f"internal error ({type(exc).__name__}); the daemon's log has it (api.internal_error)"
-                await error_response(500, "internal", message)(scope, receive, send)
+                await _error(scope.get("path", ""), 500, "internal", message)(scope, receive, send)
 
 
 #: Probes answered on TCP without a token: an orchestrator's HTTP probe cannot read a Secret.
@@ -470,8 +623,9 @@ class BearerAuth:
                 if scope["method"] == "GET" and scope["path"] in PROBE_PATHS:
                     await self.app({**scope, ANONYMOUS_PROBE: True}, receive, send)
                     return
-                response = error_response(401, "unauthorized", "missing or wrong bearer token")
-                response.headers["WWW-Authenticate"] = "Bearer"
+                message = "missing or wrong bearer token"
+                response = _error(scope["path"], 401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return
+            scope = {**scope, CREDENTIAL: "token"}  # idempotency keys are scoped to it (RFC 0010 §2)
         await self.app(scope, receive, send)

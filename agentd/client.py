@@ -27,6 +27,7 @@ from agentd.apitoken import TOKEN_ENV, clean_token
 from agentd.causes import iter_causes
 from agentd.redact import redact_url
 from agentd.sse import SSEEvent, SSEParser, iter_sse
+from agentd.statedir import DEFAULT_STATE_DIR
 from agentd.views import (
     Accepted,
     ApprovalView,
@@ -51,7 +52,6 @@ __all__ = [
     "socket_path",
 ]
 
-DEFAULT_STATE_DIR = Path(".agentd")
 SOCKET_NAME = "agentd.sock"
 
 # Ordinary calls are answered quickly; a waited message and an event stream last as long as a turn,

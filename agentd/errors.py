@@ -16,6 +16,8 @@ __all__ = [
     "BadInput",
     "Conflict",
     "Draining",
+    "KeyInUse",
+    "KeyReused",
     "NotEnded",
     "NotFound",
     "ServiceError",
@@ -63,6 +65,18 @@ class TurnRefused(Conflict):
     """The store refused to begin the turn (not for a failure of the database)."""
 
     default_code = "turn_refused"
+
+
+class KeyInUse(Conflict):
+    """The request's ``Idempotency-Key`` is being answered now (RFC 0010 §2): ask again later, the same way."""
+
+    default_code = "idempotency_in_progress"
+
+
+class KeyReused(ServiceError):
+    """The request's ``Idempotency-Key`` was first sent with another request (RFC 0010 §2)."""
+
+    default_code = "idempotency_key_reused"
 
 
 class TooLarge(ServiceError):

@@ -112,6 +112,9 @@ LOG_REPLICA_EVENTS_FENCED: Final = "replica.events_fenced"  # events of a run wh
 
 # --- log events named where they are logged (RFC 0000 §8) -------------------------------------
 LOG_API_INTERNAL_ERROR: Final = "api.internal_error"
+# An idempotency key's answer, or its release, could not be written (RFC 0010 §2): the next
+# request with the key takes it over once this process no longer answers it.
+LOG_API_KEY_NOT_KEPT: Final = "api.idempotency_key_not_kept"
 LOG_CHILD_FAILED: Final = "child.failed"
 LOG_CHILD_FRAME_FOR_UNKNOWN_SESSION: Final = "child.frame_for_unknown_session"
 LOG_CHILD_PARENT_GONE: Final = "child.parent_gone"

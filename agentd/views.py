@@ -21,15 +21,18 @@ __all__ = [
     "Accepted",
     "ApprovalCounts",
     "ApprovalView",
+    "Cancelling",
     "ChildView",
     "CreateSession",
     "Decide",
     "Entry",
     "ErrorBody",
     "ErrorDetail",
+    "Health",
     "MessageResult",
     "PolicyView",
     "PostMessage",
+    "Readiness",
     "ReloadResult",
     "ReplicaView",
     "SessionCounts",
@@ -190,6 +193,7 @@ class SessionView(_Body, kw_only=True):
     transcript: list[Entry] = []
     turns: list[TurnView] = []
     child: int | None = None  # pid of the child it is loaded on; None while not loaded
+    created_at: str | None = None
 
 
 class ChildView(_Body, kw_only=True):
@@ -308,6 +312,22 @@ class PostMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     content: str
     images: list[str] | None = None
     wait: bool = True
+
+
+class Health(_Body, kw_only=True):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``reasons`` is left out when ready, and for a probe without the token (RFC 0000 §6)."""
+
+    ready: bool
+    reasons: list[str] | None = None
+
+
+class Cancelling(_Body, kw_only=True):
+    turn_id: str
+    cancelling: bool = True
 
 
 class ErrorDetail(_Body, kw_only=True):

@@ -118,3 +118,66 @@ def test_no_module_is_over_the_bound() -> None:
         str(path.relative_to(PACKAGE.parent)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")
     }
     assert {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
+
+
+#: The state of a hot session and of its turn in flight (``agentd.supervisor.session``): only that
+#: module's methods assign it (RFC 0006 §12, "one owner").
+OWNED_FIELDS = set(
+    [
+        "pending",
+        "child",
+        "state",
+        "generation",
+        "model",
+        "assistant",
+        "crashes",
+        "quarantined",
+        "backlog",
+        "lease",
+        "last_token",
+        "closing",
+        "intel_waiting",
+        "idle_since",
+        "record",
+        "cut",
+        "cut_code",
+        "runs",
+        "elsewhere",
+        "cancel_requested",
+        "budget_start",
+        "entries",
+        "journal_writes",
+        "lost",
+        "crashed",
+        "settled",
+    ]
+)
+OWNER = PACKAGE / "supervisor" / "session.py"
+
+
+def foreign_assignments(path: Path) -> Iterator[str]:
+    """Assignments to a session's or turn's fields through anything but ``self``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = [t for target in node.targets for t in ast.walk(target)]
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            if (
+                isinstance(target, ast.Attribute)
+                and target.attr in OWNED_FIELDS
+                and not (isinstance(target.value, ast.Name) and target.value.id == "self")
+            ):
+                yield f"{path.name}:{node.lineno} .{target.attr}"
+
+
+def test_only_the_session_module_assigns_a_hot_sessions_state() -> None:
+    others = sorted(p for p in PACKAGE.rglob("*.py") if p != OWNER)
+    assert [where for path in others for where in foreign_assignments(path)] == []
+
+
+def test_the_owner_check_finds_a_foreign_assignment(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f(runtime, turn):\n    runtime.child = None\n    turn.runs += 1\n    self.state = 1\n")
+    assert [w.rsplit(" ", 1)[1] for w in foreign_assignments(module)] == [".child", ".runs"]

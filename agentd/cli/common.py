@@ -12,11 +12,12 @@ from typing import Any, TextIO
 import msgspec
 
 from agentd.apitoken import TokenError, api_token
-from agentd.client import DEFAULT_STATE_DIR, AgentdClient
+from agentd.client import AgentdClient
 from agentd.config import (
     ConfigError,
     load_config,
 )
+from agentd.statedir import resolve_state_dir
 
 # The env twin of every flag, shown in --help. Client-only twins come after the `run` ones.
 ENV_TWINS: dict[str, str] = {
@@ -72,22 +73,18 @@ def default_config_path(environ: Mapping[str, str] | None = None) -> Path | None
 
 
 def client_state_dir(flag: str | None) -> Path:
-    """Where a client looks for the daemon: the flag, AGENTD_STATE_DIR, the config's
-    ``[server] state_dir`` (the daemon's own fallback), else ``./.agentd``."""
-    if flag:
-        return Path(flag)
-    named = twin_value("AGENTD_STATE_DIR")
-    if named is not None:
-        return Path(named)
+    """Where a client looks for the daemon: the daemon's own rule (``agentd.statedir``)."""
+    return resolve_state_dir(flag, os.environ, _configured_state_dir)
+
+
+def _configured_state_dir() -> str | None:
     config_path = default_config_path()
-    if config_path is not None:
-        try:
-            configured = load_config(config_path).server.state_dir  # a bounded read: a FIFO cannot hang us
-        except ConfigError:
-            configured = None  # a broken config is `run`'s and `check-config`'s business, not ours
-        if configured:
-            return Path(configured)
-    return DEFAULT_STATE_DIR
+    if config_path is None:
+        return None
+    try:
+        return load_config(config_path).server.state_dir  # a bounded read: a FIFO cannot hang us
+    except ConfigError:
+        return None  # a broken config is `run`'s and `check-config`'s business, not ours
 
 
 def make_client(args: argparse.Namespace) -> AgentdClient:

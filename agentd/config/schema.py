@@ -195,6 +195,9 @@ class ServerSettings(_Section, frozen=True):
     # A TCP client that has not sent its request headers by then is closed (also between the
     # requests of a kept-alive connection): a slow or silent client cannot hold a slot for ever.
     header_timeout: Seconds = 10.0
+    # How long an Idempotency-Key is remembered (RFC 0010 §2): the same key again within it gets
+    # the first request's answer; expired keys are deleted.
+    idempotency_ttl: Seconds = 24 * 3600.0
 
 
 class StoreSettings(_Section, frozen=True):

@@ -52,6 +52,7 @@ __all__ = [
     "TURNS",
     "WATCHES",
     "CommittedTurn",
+    "IdempotencyRecord",
     "Lease",
     "LeaseLost",
     "ReplicaRow",
@@ -197,6 +198,26 @@ class ReplicaRow(msgspec.Struct, frozen=True, kw_only=True):
     seen_at: float
 
 
+class IdempotencyRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An ``Idempotency-Key`` as stored (RFC 0010 §2): the request it was first sent with
+    (``fingerprint``), the process answering it now (``owner``, None when none is), the session and
+    turn ids chosen for that request before it created anything, and its answer once given
+    (``status``, ``answer``, ``headers``; ``status`` None until then). Times are epoch seconds by
+    the store's clock."""
+
+    scope: str
+    key: str
+    fingerprint: str
+    owner: str | None
+    session: str | None
+    turn: str | None
+    status: int | None
+    answer: str | None
+    headers: dict[str, str]
+    created_at: float
+    expires_at: float
+
+
 class Store(abc.ABC):
     """The durable store of the supervisor; open one with ``agentd.store.open_store``.
 
@@ -280,6 +301,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def interrupted_turns(self) -> list[tuple[StoredSession, StartedTurn]]:
         """Every pending turn of a session that is not closed, oldest first: what a restart resumes."""
+
+    @abc.abstractmethod
+    async def sessions_of_turn(self, turn_id: str) -> list[str]:
+        """The ids of the sessions that have a turn ``turn_id`` (turn ids are random: one, or none)."""
 
     @abc.abstractmethod
     async def session_counts(self) -> dict[str, int]:
@@ -533,6 +558,40 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def unwatch(self, replica: str, sessions: Sequence[str]) -> None:
         """``replica`` no longer has subscribers for ``sessions``."""
+
+    # ------------------------------------------------------------------ idempotency keys (RFC 0010 §2)
+
+    @abc.abstractmethod
+    async def idempotency_claim(
+        self,
+        scope: str,
+        key: str,
+        *,
+        fingerprint: str,
+        owner: str,
+        session: str | None,
+        turn: str | None,
+        ttl: float,
+    ) -> IdempotencyRecord | None:
+        """Claim ``key`` in ``scope`` for ``owner`` until ``ttl`` seconds from now (the store's clock),
+        with the ids its request will create: None once claimed; else the unexpired record that
+        already holds the key (nothing is changed then). Every expired record is deleted."""
+
+    @abc.abstractmethod
+    async def idempotency_take_over(self, scope: str, key: str, *, owner: str, previous: str | None) -> bool:
+        """``owner`` answers the key from now on — if ``previous`` (None: nobody) still answers it and
+        no answer is stored; False, and nothing changed, otherwise (another took it over first)."""
+
+    @abc.abstractmethod
+    async def idempotency_release(self, scope: str, key: str, *, owner: str) -> None:
+        """``owner`` stops answering the key without an answer (its request failed before creating
+        what it would): the next request with the key does it again, with the same ids."""
+
+    @abc.abstractmethod
+    async def idempotency_answer(
+        self, scope: str, key: str, *, status: int, answer: str, headers: dict[str, str]
+    ) -> None:
+        """Keep the answer of the key's request: every later request with the key gets it, until it expires."""
 
     # ------------------------------------------------------------------ notifications between replicas (RFC 0009 §7)
 

@@ -34,7 +34,13 @@ Versions:
    by the store's clock), so that the replica that claims a session to run its turn knows at once
    where to relay the turn's events (RFC 0009 §7). Rows are hints: a replica that stops
    refreshing its rows is ignored once they expire, and expired rows are deleted by heartbeats.
-8. Approvals (RFC 0011 §4): ``approvals``, one row per tool call a human decides on (its status
+8. ``idempotency``: the ``Idempotency-Key`` of each creating POST (RFC 0010 §2), per scope (the
+   credential and the route) — the request's fingerprint, the process answering it (``owner``,
+   NULL once none is), the session and turn ids chosen for it before anything was created, and
+   its answer once given; until ``expires_at`` (epoch seconds by the store's clock), after which
+   claims delete it. ``turns_id``: a turn is found by its id alone (the OpenAI-compatible routes
+   name a response by its turn).
+9. Approvals (RFC 0011 §4): ``approvals``, one row per tool call a human decides on (its status
    changes once, from ``pending``), and ``parked_turns``, the run of a pending turn that stopped
    for them (JSON), deleted by the transaction that ends the turn.
 """
@@ -44,7 +50,7 @@ from __future__ import annotations
 __all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -141,6 +147,26 @@ SQLITE: dict[int, tuple[str, ...]] = {
     ),
     8: (
         """
+        CREATE TABLE idempotency (
+            scope        TEXT NOT NULL,
+            key          TEXT NOT NULL,
+            fingerprint  TEXT NOT NULL,
+            owner        TEXT,
+            session      TEXT,
+            turn         TEXT,
+            status       INTEGER,
+            answer       TEXT,
+            headers      TEXT NOT NULL DEFAULT '{}',
+            created_at   REAL NOT NULL,
+            expires_at   REAL NOT NULL,
+            PRIMARY KEY (scope, key)
+        )
+        """,
+        "CREATE INDEX idempotency_expires ON idempotency (expires_at)",
+        "CREATE INDEX turns_id ON turns (id)",
+    ),
+    9: (
+        """
         CREATE TABLE approvals (
             n             INTEGER PRIMARY KEY,
             id            TEXT NOT NULL UNIQUE,
@@ -175,6 +201,7 @@ SQLITE: dict[int, tuple[str, ...]] = {
         """,
     ),
 }
+
 
 #: version -> the PostgreSQL statements that bring a database at version-1 to it.
 POSTGRES: dict[int, tuple[str, ...]] = {
@@ -271,6 +298,26 @@ POSTGRES: dict[int, tuple[str, ...]] = {
         """,
     ),
     8: (
+        """
+        CREATE TABLE idempotency (
+            scope        TEXT NOT NULL,
+            key          TEXT NOT NULL,
+            fingerprint  TEXT NOT NULL,
+            owner        TEXT,
+            session      TEXT,
+            turn         TEXT,
+            status       BIGINT,
+            answer       TEXT,
+            headers      TEXT NOT NULL DEFAULT '{}',
+            created_at   DOUBLE PRECISION NOT NULL,
+            expires_at   DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (scope, key)
+        )
+        """,
+        "CREATE INDEX idempotency_expires ON idempotency (expires_at)",
+        "CREATE INDEX turns_id ON turns (id)",
+    ),
+    9: (
         """
         CREATE TABLE approvals (
             n             BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -27,6 +27,7 @@ from agentd.store import approval_ops, codec
 from agentd.store import operations as ops
 from agentd.store.base import (
     CommittedTurn,
+    IdempotencyRecord,
     Lease,
     ParkResult,
     ReplicaRow,
@@ -120,6 +121,9 @@ class SqlStore(Store):
 
     async def interrupted_turns(self) -> list[tuple[StoredSession, StartedTurn]]:
         return await self._read("list interrupted turns", ops.interrupted_turns())
+
+    async def sessions_of_turn(self, turn_id: str) -> list[str]:
+        return await self._read(f"find turn {turn_id}", ops.sessions_of_turn(turn_id))
 
     async def session_counts(self) -> dict[str, int]:
         return await self._read("count sessions", ops.session_counts())
@@ -365,3 +369,36 @@ class SqlStore(Store):
     async def unwatch(self, replica: str, sessions: Sequence[str]) -> None:
         op = ops.unwatch(replica, sessions)
         await self._write(f"forget the watches of replica {replica}", op, durable=False)
+
+    # ------------------------------------------------------------------ idempotency keys
+
+    async def idempotency_claim(
+        self,
+        scope: str,
+        key: str,
+        *,
+        fingerprint: str,
+        owner: str,
+        session: str | None,
+        turn: str | None,
+        ttl: float,
+    ) -> IdempotencyRecord | None:
+        if not 0 < ttl <= codec.MAX_TTL:
+            raise StoreError(
+                f"cannot claim idempotency key {key!r}: its ttl must be more than 0 and at most {codec.MAX_TTL:g} s"
+            )
+        op = ops.idempotency_claim(scope, key, fingerprint, owner, session, turn, ttl)
+        return await self._write(f"claim idempotency key {key!r}", op)
+
+    async def idempotency_take_over(self, scope: str, key: str, *, owner: str, previous: str | None) -> bool:
+        op = ops.idempotency_take_over(scope, key, owner, previous)
+        return await self._write(f"take over idempotency key {key!r}", op)
+
+    async def idempotency_release(self, scope: str, key: str, *, owner: str) -> None:
+        await self._write(f"release idempotency key {key!r}", ops.idempotency_release(scope, key, owner))
+
+    async def idempotency_answer(
+        self, scope: str, key: str, *, status: int, answer: str, headers: dict[str, str]
+    ) -> None:
+        op = ops.idempotency_answer(scope, key, status, self.dialect.text(answer), codec.encode_json(headers))
+        await self._write(f"keep the answer of idempotency key {key!r}", op)

@@ -16,7 +16,7 @@ It never calls a model, and holds no state of its own but the parts:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import anyio
 import anyio.abc
@@ -24,11 +24,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from agentd import events
 from agentd.config import Config, ConfigIssue, PolicyChoice
+from agentd.messages import Message
 from agentd.obs import get_logger
 from agentd.store import Store
 from agentd.supervisor.approvals import Approvals
 from agentd.supervisor.child import Child
 from agentd.supervisor.fanout import Reloader
+from agentd.supervisor.idempotency import Claim, Keys, Replay
 from agentd.supervisor.membership import choose_membership
 from agentd.supervisor.operations import Operations
 from agentd.supervisor.options import DaemonOptions
@@ -103,6 +105,7 @@ class Supervisor:
         )
         self.approvals.attach(emit=self.runner.emit, resume=self._resume_parked)
         self.reloader.after_swap = self._swapped
+        self.keys = Keys(store, self.membership, self.running)
         self._turn_ended = anyio.Event()
 
     @property
@@ -208,9 +211,19 @@ class Supervisor:
         """Prometheus exposition."""
         return await self.operations.metrics_text()
 
-    async def create_session(self, assistant_name: str | None) -> SessionView:
+    async def create_session(
+        self,
+        assistant_name: str | None,
+        *,
+        session_id: str | None = None,
+        resumed: bool = False,
+        seeded: Sequence[Message] = (),
+        opener: bool = True,
+    ) -> SessionView:
         """Open a session (``Operations.create_session``)."""
-        return await self.operations.create_session(assistant_name)
+        return await self.operations.create_session(
+            assistant_name, session_id=session_id, resumed=resumed, seeded=seeded, opener=opener
+        )
 
     async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]:
         """One page of sessions (``Operations.list_sessions``)."""
@@ -220,9 +233,27 @@ class Supervisor:
         """The session with its transcript (``Operations.get_session``)."""
         return await self.operations.get_session(session_id)
 
-    async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted:
+    async def send_message(
+        self, session_id: str, body: PostMessage, *, turn_id: str | None = None, resumed: bool = False
+    ) -> MessageResult | Accepted:
         """A user message, as a turn (``Operations.send_message``)."""
-        return await self.operations.send_message(session_id, body)
+        return await self.operations.send_message(session_id, body, turn_id=turn_id, resumed=resumed)
+
+    async def session_of_turn(self, turn_id: str) -> str:
+        """The session a turn belongs to (``Operations.session_of_turn``)."""
+        return await self.operations.session_of_turn(turn_id)
+
+    async def claim_key(self, scope: str, key: str, fingerprint: str) -> Claim | Replay:
+        """Claim an idempotency key for a request (``Keys.claim``)."""
+        return await self.keys.claim(scope, key, fingerprint)
+
+    async def answer_key(self, claim: Claim, status: int, answer: bytes, headers: dict[str, str]) -> None:
+        """Keep the answer of a claimed key's request (``Keys.answer``)."""
+        await self.keys.answer(claim, status, answer, headers)
+
+    async def release_key(self, claim: Claim) -> None:
+        """A claimed key's request ended unanswered (``Keys.release``)."""
+        await self.keys.release(claim)
 
     async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[EventItem]:
         """The session's events (``Operations.subscribe``)."""

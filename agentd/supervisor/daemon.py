@@ -48,6 +48,7 @@ from agentd.config import (
 )
 from agentd.environment import register_secrets
 from agentd.obs import configure_logging, get_logger
+from agentd.statedir import resolve_state_dir
 from agentd.store import Store, StoreError, StoreUnavailable, open_store, store_location
 from agentd.supervisor.core import Supervisor
 from agentd.supervisor.host import raise_fd_limit, use_pidfd_child_watcher
@@ -258,7 +259,7 @@ def run_daemon(options: DaemonOptions) -> int:
         lines = "\n".join(f"  {issue}" for issue in exc.issues)
         return _fail(f"invalid config ({where}):\n{lines}", EXIT_CONFIG)
     register_secrets(os.environ, config)  # before anything is logged about the config
-    state_dir = options.state_dir or Path(os.environ.get("AGENTD_STATE_DIR") or config.server.state_dir or ".agentd")
+    state_dir = resolve_state_dir(options.state_dir, os.environ, lambda: config.server.state_dir)
     listen = options.listen or config.server.listen
     token = ""
     if listen:

@@ -10,7 +10,6 @@ hot sessions no child holds itself. Reloads are serialized and coalesced by the
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
@@ -21,7 +20,7 @@ from agentd.environment import register_secrets
 from agentd.obs import get_logger
 from agentd.store import Store, StoreError
 from agentd.supervisor.child import Child
-from agentd.supervisor.pool import Pool
+from agentd.supervisor.pool import Fanout, Pool
 from agentd.supervisor.reload import ReloadCoordinator, plan_reload, sessions_to_swap
 from agentd.supervisor.running import Running, load_daemon_config
 from agentd.supervisor.session import SessionTable
@@ -48,8 +47,7 @@ class Reloader:
         self.sessions = sessions
         self.pool = pool
         self.reloads: ReloadCoordinator[ReloadResult] = ReloadCoordinator(self._reload)
-        self._awaiting_acks: dict[int, tuple[set[str], float]] = {}
-        self._all_acked = anyio.Event()  # set when the newest fan-out's children have all acked
+        self._newest: Fanout | None = None  # the newest reload's broadcast, until every child acked it
         # Called with the assistants whose intelligence a reload changed, once it fanned out
         # (turns awaiting approval under restart-turn re-run, RFC 0011 §5).
         self.after_swap: Callable[[list[str]], Awaitable[None]] | None = None
@@ -224,23 +222,9 @@ class Reloader:
         loaded. The cost does not depend on how many sessions are open.
         """
         frame = self.running.swap_frame()
-        children = [c for c in self.pool.children.values() if c.usable]
         # Older generations still waiting for acks are superseded (their children may be gone).
-        self._awaiting_acks = {frame.generation: ({c.id for c in children}, time.monotonic())}
-        self._all_acked = anyio.Event()
-        if not children:
-            self._all_acked.set()
-
-        sent: list[Child] = []
-
-        async def send(child: Child) -> None:
-            if await child.send(frame):
-                sent.append(child)
-
-        async with anyio.create_task_group() as tg:  # all at once: one slow child delays no other
-            for child in children:
-                tg.start_soon(send, child)
-        for child in sent:  # logged after every frame is on its way: no log line delays a send
+        fanout = self._newest = await self.pool.broadcast(lambda _child: frame)
+        for child in fanout.sent:  # logged after every frame is on its way: no log line delays a send
             log.info(
                 events.LOG_SWAP_SENT,
                 child=child.id,
@@ -249,10 +233,11 @@ class Reloader:
                 sessions=len(child.loaded),
                 policy=frame.policy.value,
             )
+        self._log_if_acked()
         # The bookkeeping below walks every hot session: it waits until the children have acked
         # (or a moment has passed), so it never sits between a child's ack and its reading.
         with anyio.move_on_after(ACK_WAIT):
-            await self._all_acked.wait()
+            await fanout.done.wait()
         if not intelligence_changed:
             return [], 0
         hot = sessions_to_swap(
@@ -266,14 +251,14 @@ class Reloader:
         return hot[:SWAPPED_LIST_MAX], max(total, len(hot))
 
     def swap_acked(self, child: Child, generation: int) -> None:
-        """A child acknowledged the SwapIntel of ``generation``."""
+        """A child acknowledged the SwapIntel of ``generation`` (the pool's ``Fanout`` counted it first)."""
         log.debug(events.LOG_SWAP_ACKED, child=child.id, generation=generation)
-        waiting = self._awaiting_acks.get(generation)
-        if waiting is None:
+        self._log_if_acked()
+
+    def _log_if_acked(self) -> None:
+        """Once, when every child the newest reload reached has acknowledged it."""
+        fanout = self._newest
+        if fanout is None or not fanout.complete or fanout.seconds is None:
             return
-        children, started = waiting
-        children.discard(child.id)
-        if not children:
-            del self._awaiting_acks[generation]
-            self._all_acked.set()
-            log.info(events.LOG_SWAP_FANOUT_ACKED, generation=generation, seconds=round(time.monotonic() - started, 4))
+        self._newest = None
+        log.info(events.LOG_SWAP_FANOUT_ACKED, generation=fanout.generation, seconds=round(fanout.seconds, 4))

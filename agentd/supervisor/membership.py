@@ -141,6 +141,10 @@ class Membership(Protocol):
     async def closed(self, session_id: str) -> None:
         """This replica closed the session: the others drop what they hold of it."""
 
+    async def holder_alive(self, holder: str) -> bool:
+        """Whether the process ``holder`` (a ``replica``) may still be working: this one, or one that
+        beat within a lease. StoreError if the registry cannot be read."""
+
 
 def choose_membership(store: Store, running: Running, sessions: SessionTable) -> Membership:
     """Replicated on a shared database (``[store] url``), else local: one daemon owns the state dir."""
@@ -235,6 +239,9 @@ class LocalMembership(_Registered):
     async def closed(self, session_id: str) -> None:
         pass
 
+    async def holder_alive(self, holder: str) -> bool:
+        return holder == self.replica  # the state dir's lock: no other process serves this store
+
 
 class ReplicatedMembership(_Registered):
     """One replica of several on a shared database (PostgreSQL), with leases."""
@@ -317,6 +324,11 @@ class ReplicatedMembership(_Registered):
             twin = live_twin(before, rows, self.replica)
             if twin is not None or not rivals(rows, self.replica):
                 return twin
+
+    async def holder_alive(self, holder: str) -> bool:
+        if holder == self.replica:
+            return True
+        return any(row.id == holder for row in await self.store.live_replicas(self.lease_time))
 
     async def _start_beat(self) -> None:
         """A beat before serving (``find_live_twin``): StoreError raises, the start fails."""

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
+import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from agentd import __version__, events
 from agentd.budget import TurnStatus
 from agentd.config import effective_intelligence
 from agentd.errors import BadInput, Conflict, Draining, NotFound, ServiceError, StoreDown, store_failure
-from agentd.messages import UserMessage
+from agentd.messages import Message, UserMessage
 from agentd.obs import get_logger
 from agentd.protocol import Watch
 from agentd.records import SessionState, StartedTurn
@@ -47,6 +48,7 @@ from agentd.views import (
     SessionView,
     StatusView,
     entry_from_message,
+    iso,
     turn_view,
 )
 
@@ -152,8 +154,26 @@ class Operations:
 
     # ------------------------------------------------------------------ sessions
 
-    async def create_session(self, assistant_name: str | None) -> SessionView:
-        """Open a session on an assistant (the default: the first one); its opener is in the transcript."""
+    async def create_session(
+        self,
+        assistant_name: str | None,
+        *,
+        session_id: str | None = None,
+        resumed: bool = False,
+        seeded: Sequence[Message] = (),
+        opener: bool = True,
+    ) -> SessionView:
+        """Open a session on an assistant (the default: the first one); its opener is in the transcript.
+
+        ``session_id``: the id to create it with (an idempotency key chose it); ``resumed``: a
+        request before this one may have created it already — then it is answered as it is now.
+        ``seeded``: earlier messages the session starts with, after the assistant's prompt (a
+        client that kept the conversation itself); ``opener`` False: the assistant does not speak first.
+        """
+        if resumed and session_id is not None:
+            stored = await self._store(self.store.session_summary(session_id))
+            if stored is not None:
+                return await self.get_session(session_id)
         self._refuse_when_draining()
         config = self.running.config
         name = assistant_name or config.default_assistant.name
@@ -163,9 +183,11 @@ class Operations:
             names = ", ".join(a.name for a in config.assistants)
             raise BadInput(f"no assistant named {name!r}; assistants: {names}", code="unknown_assistant") from None
         model = effective_intelligence(config, name).model
-        session_id = new_id("s")
-        history = session_start_history(assistant)
+        session_id = session_id or new_id("s")
+        history = [*session_start_history(assistant), *seeded]
         plan = opener_plan(assistant, history)
+        if not opener:
+            plan = msgspec.structs.replace(plan, kind=OpenerKind.NONE, reason="the client asked for none")
         if plan.kind is OpenerKind.FIRST_MESSAGE:
             history.append(opener_message(plan, turn=None, model=model))
         try:
@@ -250,10 +272,18 @@ class Operations:
             state=state,
             generation=generation,
             model=model,
+            created_at=iso(stored.created_at),
             transcript=[entry_from_message(e.seq, e.message) for e in stored.transcript],
             turns=[turn_view(t) for t in stored.turns],
             child=child.pid if child is not None else None,
         )
+
+    async def session_of_turn(self, turn_id: str) -> str:
+        """The id of the session that has the turn ``turn_id``; NotFound if none has."""
+        found = await self._store(self.store.sessions_of_turn(turn_id))
+        if not found:
+            raise NotFound(f"no turn {turn_id!r}", code="turn_not_found")
+        return found[0]
 
     def _effective(self, stored: StoredSession) -> tuple[str, SessionState, int, str]:
         """(assistant, state, generation, model) as of now: the hot runtime's, else the row's.
@@ -282,8 +312,19 @@ class Operations:
 
     # ------------------------------------------------------------------ turns
 
-    async def send_message(self, session_id: str, body: PostMessage) -> MessageResult | Accepted:
-        """Store the user message, deliver it, and (``wait``) return the finished turn."""
+    async def send_message(
+        self, session_id: str, body: PostMessage, *, turn_id: str | None = None, resumed: bool = False
+    ) -> MessageResult | Accepted:
+        """Store the user message, deliver it, and (``wait``) return the finished turn.
+
+        ``turn_id``: the id to begin the turn with (an idempotency key chose it); ``resumed``: a
+        request before this one may have stored that turn already — then it is not begun again
+        but waited for (``wait``) or named.
+        """
+        if resumed and turn_id is not None:
+            found = await self._stored_turn(session_id, turn_id, body.wait)
+            if found is not None:
+                return found
         self._refuse_when_draining()
         if not body.content.strip() and not body.images:
             raise BadInput("content must not be empty", code="empty_message")
@@ -295,7 +336,7 @@ class Operations:
         if runtime.state == "failed":
             runtime.resume_failed()  # a new message resumes a failed session
             await self._store(self.store.update_session(runtime.id, state="idle"))
-        turn_id = new_id("t")
+        turn_id = turn_id or new_id("t")
         message = UserMessage(content=body.content, images=tuple(body.images) if body.images else None, turn=turn_id)
         # A waiting client hears nothing before the turn's commit, which syncs its message too.
         turn = await self.turns.accept(runtime, message, durable=not body.wait)
@@ -305,6 +346,30 @@ class Operations:
             return await self.turns.wait_elsewhere(runtime.id, turn.id)
         await turn.done.wait()
         return self.turns.result(turn)
+
+    async def _stored_turn(self, session_id: str, turn_id: str, wait: bool) -> MessageResult | Accepted | None:
+        """The answer to a message whose turn ``turn_id`` is stored already (None if it is not):
+        its result once it ends (``wait``), else its id."""
+        ended = await self._store(self.turns.ended_turn(session_id, turn_id))
+        if ended is not None:
+            record, entries = ended
+            return MessageResult(turn=turn_view(record), messages=entries) if wait else Accepted(turn_id=turn_id)
+        try:
+            pending = await self.store.pending_turn(session_id)
+        except UnknownSession:
+            return None
+        except StoreError as exc:
+            raise store_failure(exc) from None
+        if pending is None or pending.id != turn_id:
+            return None
+        if not wait:
+            return Accepted(turn_id=turn_id)
+        runtime = self.sessions.get(session_id)
+        turn = runtime.pending if runtime is not None else None
+        if turn is not None and turn.id == turn_id:  # it runs here (a restart resumed it)
+            await turn.done.wait()
+            return self.turns.result(turn)
+        return await self.turns.wait_elsewhere(session_id, turn_id)
 
     async def subscribe(self, session_id: str) -> MemoryObjectReceiveStream[EventItem]:
         """A stream of the session's events (it stays hot while subscribed)."""

@@ -45,7 +45,7 @@ from agentd.protocol import (
 from agentd.records import JournalEntry, TurnRecord
 from agentd.store import EVENTS, TURNS, CommittedTurn, LeaseLost, Store, StoreError, StoreUnavailable
 from agentd.supervisor.approvals import Approvals, load_parked, on_parked
-from agentd.supervisor.blame import CrashVerdict, blame, quarantined, rerun_allowed
+from agentd.supervisor.blame import CrashVerdict, blame, rerun_allowed
 from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.relay import EventRelay, relay_fence
@@ -126,7 +126,7 @@ class TurnRunner:
         try:
             await self._deliver_until_done(runtime, turn)
         except Exception as exc:
-            log.exception(events.LOG_TURN_INTERNAL_ERROR, session=runtime.id, turn=turn.id)
+            runtime.log.exception(events.LOG_TURN_INTERNAL_ERROR, turn=turn.id)
             with anyio.CancelScope(shield=True):
                 await self.end_without_result(runtime, turn, TurnStatus.FAILED, f"internal error: {exc!r}")
 
@@ -140,7 +140,7 @@ class TurnRunner:
                     runtime, turn, TurnStatus.DEADLINE, "the turn's deadline passed while its child was replaced"
                 )
                 return
-            runtime.quarantined = quarantined(runtime.crashes, time.monotonic())
+            runtime.place_quarantined(time.monotonic())
             # Waiting for a child counts against the deadline: a pool that cannot start one (a
             # tool that does not import, a spawn timeout too short) ends the turn, never strands it.
             waited_out = turn.budget_start + self.running.config.limits.deadline + DEADLINE_GRACE - time.time()
@@ -157,9 +157,7 @@ class TurnRunner:
                 )
                 return
             if child is None:  # the daemon is stopping: the turn stays stored and re-runs at the next start
-                if not turn.done.is_set():
-                    turn.cut = SHUTDOWN_CUT
-                    turn.mark_done()
+                turn.cut_off(SHUTDOWN_CUT)
                 return
             if await self._ended_meanwhile(runtime, turn, child):
                 return
@@ -181,7 +179,7 @@ class TurnRunner:
         assert self.pool is not None
         if runtime.child is child:
             if runtime.closing:
-                runtime.child = None
+                runtime.unloaded()
                 await self.pool.unload(runtime.id)  # Close: the child forgets the session
         else:
             self.pool.release(runtime.id, child)
@@ -192,16 +190,15 @@ class TurnRunner:
         if turn.cancel_requested:  # cancelled before it reached a child: it never starts
             await self.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled before it started")
             return
-        turn.child, turn.lost, turn.crashed, turn.settled = child, anyio.Event(), False, anyio.Event()
+        turn.runs_on(child)
         # The deadline this run is sent with (a reload that changes it applies from the next run).
         deadline = self.running.config.limits.deadline
-        turn.runs += 1
         assert self.pool is not None
         self.pool.turn_started(runtime.id, child)
         try:
             if turn.runs > 1:
                 self.metrics.turn_reruns.inc()
-                log.info(events.LOG_TURN_RERUN, session=runtime.id, turn=turn.id, child=child.id, run=turn.runs)
+                runtime.log.info(events.LOG_TURN_RERUN, turn=turn.id, child=child.id, run=turn.runs)
             journal = await self._journal_for(runtime, turn)
             if journal is None:
                 return
@@ -227,8 +224,7 @@ class TurnRunner:
                 with anyio.move_on_after(remaining):
                     await turn.settled.wait()
         finally:
-            if turn.child is child:
-                turn.child = None
+            turn.left(child)
             self.pool.turn_ended(runtime.id, child)  # re-plans: room may have freed up
 
     async def _journal_for(self, runtime: SessionRuntime, turn: PendingTurn) -> list[JournalEntry] | None:
@@ -275,7 +271,7 @@ class TurnRunner:
             except StoreError as exc:
                 error = str(exc)
         if error is not None:
-            log.error(events.LOG_TOOL_JOURNAL_REFUSED, session=runtime.id, turn=frame.turn, seq=entry.seq, error=error)
+            runtime.log.error(events.LOG_TOOL_JOURNAL_REFUSED, turn=frame.turn, seq=entry.seq, error=error)
         await child.send(JournalAck(session=runtime.id, turn=frame.turn, seq=entry.seq, finished=finished, error=error))
 
     async def _open(self, runtime: SessionRuntime, child: Child, turn: PendingTurn) -> bool:
@@ -289,14 +285,14 @@ class TurnRunner:
             return False
         if not sent:
             return False
-        runtime.child = child
+        runtime.loaded_on(child)
         self.metrics.session_loads.inc()
-        log.info(events.LOG_SESSION_LOADED, session=runtime.id, child=child.id, pid=child.pid, entries=len(transcript))
+        runtime.log.info(events.LOG_SESSION_LOADED, child=child.id, pid=child.pid, entries=len(transcript))
         # A session loaded now runs the child's generation, the newest: it takes any swap it
         # missed while not loaded at once (it was idle).
         generation, model = self.running.generation, self.running.model_of(runtime.assistant, runtime.model)
         if (runtime.generation, runtime.model) != (generation, model):
-            runtime.generation, runtime.model = generation, model
+            runtime.swapped(generation, model)
             await self._store_quietly(
                 self.store.update_session(runtime.id, generation=generation, model=model, lease=runtime.lease),
                 runtime.id,
@@ -306,13 +302,12 @@ class TurnRunner:
     async def _blame_crash(self, runtime: SessionRuntime, turn: PendingTurn) -> bool:
         """Count the crash against the session; False when it is now failed (its turn ended)."""
         verdict = blame(runtime.crashes, time.monotonic())
-        runtime.crashes = verdict.crashes
+        newly_quarantined = runtime.blamed(verdict.crashes, quarantine=verdict.verdict is CrashVerdict.QUARANTINE)
         if verdict.verdict is CrashVerdict.FAIL:
             await self.fail(runtime, f"its turn was in flight during {len(verdict.crashes)} child crashes within 60s")
             return False
-        if verdict.verdict is CrashVerdict.QUARANTINE and not runtime.quarantined:
-            runtime.quarantined = True
-            log.warning(events.LOG_SESSION_QUARANTINED, session=runtime.id, turn=turn.id, crashes=len(verdict.crashes))
+        if newly_quarantined:
+            runtime.log.warning(events.LOG_SESSION_QUARANTINED, turn=turn.id, crashes=len(verdict.crashes))
         return True
 
     # ------------------------------------------------------------------ ending a turn
@@ -370,9 +365,7 @@ class TurnRunner:
         if turn is not None:
             child = turn.child
             runtime.turn_dropped()
-            if not turn.done.is_set():
-                turn.cut, turn.cut_code = LEASE_LOST_CUT, "lease_lost"
-                turn.mark_done()
+            turn.cut_off(LEASE_LOST_CUT, "lease_lost")
             if child is not None and child.usable:
                 await child.send(Cancel(session=runtime.id, turn=turn.id))
             self._on_turn_finished()
@@ -383,7 +376,7 @@ class TurnRunner:
                 except StoreError as exc:
                     runtime.log.warning(events.LOG_SESSION_RELEASE_FAILED, error=str(exc))
         if self.pool is not None:
-            runtime.child = None
+            runtime.unloaded()
             await self.pool.unload(runtime.id)
         self.evict_if_cold(runtime)
 
@@ -398,9 +391,8 @@ class TurnRunner:
             runtime.log.warning(events.LOG_SESSION_RELEASE_FAILED, error=str(exc))
 
     async def _finish(self, runtime: SessionRuntime, turn: PendingTurn, record: TurnRecord) -> None:
-        if turn.record is not None:  # ended already (a close racing the commit): once only
+        if not turn.ended_with(record):  # before any await: a second ending stops here
             return
-        turn.record = record  # before any await: a second ending stops at the line above
         # A shared store: other replicas' subscribers hear of the turn, after its progress events
         # (one ordered queue).
         relay = self.relay if runtime.lease is not None else None
@@ -412,7 +404,6 @@ class TurnRunner:
             # turn on yet another replica, so its stream stays in order across turns.
             await relay.flush(RELAY_FLUSH_BOUND)
         runtime.turn_ended()
-        turn.record = record
         self.metrics.turns.labels(status=record.status.value).inc()
         self.metrics.turn_seconds.observe(max(0.0, record.ended_at - record.started_at))
         runtime.log.info(
@@ -458,41 +449,37 @@ class TurnRunner:
         match frame:
             case Event(name=name, turn=turn, data=data):
                 if name in (events.INTEL_WAITING, events.INTEL_RECOVERED):
-                    runtime.intel_waiting = name == events.INTEL_WAITING
-                if runtime.backlog is not None:  # after a TurnDone being committed: keep the order
-                    runtime.backlog.append((name, turn, data))
-                else:
+                    runtime.waiting_for_intel(name == events.INTEL_WAITING)
+                if not runtime.held(name, turn, data):  # after a TurnDone being committed: keep the order
                     self.emit(runtime, name, turn, data)
             case TurnDone() | TurnParked():
                 assert self._tg is not None
                 # Committed in a task of its own: this child's other sessions keep streaming meanwhile;
                 # this session's later events wait in its backlog, so turn.done comes first.
-                runtime.backlog = []
+                runtime.hold_events()
                 self._tg.start_soon(self._on_turn_done_in_order, runtime, child, frame)
             case TurnDiscarded(turn=turn, attempt=attempt):
-                log.info(
-                    events.LOG_TURN_DISCARDED, session=runtime.id, turn=turn, model=attempt.model, steps=attempt.steps
-                )
+                runtime.log.info(events.LOG_TURN_DISCARDED, turn=turn, model=attempt.model, steps=attempt.steps)
                 if runtime.pending is not None and runtime.pending.id == turn:
-                    runtime.pending.budget_start = time.time()  # restart-turn re-runs with a fresh budget
+                    runtime.pending.fresh_budget()
             case JournalStart() | JournalFinish():
                 assert self._tg is not None
                 # Written in a task of its own (the child's other frames keep flowing), counted on the
                 # turn so that a re-run reads the journal only after the write has landed.
                 pending = runtime.pending
                 if pending is not None:
-                    pending.journal_writes += 1
+                    pending.journal_write_begins()
                 self._tg.start_soon(self._journal_counted, runtime, child, frame, pending)
             case SwapApplied():
                 # Kept in memory only: a reload must not cost a store write per loaded session. The
                 # row catches up when the session is next loaded or its turn commits, and a session
                 # read from its row runs the current generation anyway (RFC 0006 §7).
-                runtime.generation, runtime.model = frame.generation, frame.model_to
+                runtime.swapped(frame.generation, frame.model_to)
                 self.metrics.swaps.labels(kind=frame.kind.value).inc()
             case Failed(turn=turn, error=error):
-                log.error(events.LOG_CHILD_FAILED, child=child.id, session=runtime.id, turn=turn, error=error)
+                runtime.log.error(events.LOG_CHILD_FAILED, child=child.id, turn=turn, error=error)
                 if turn is None and runtime.child is child:  # it refused to open the session: not loaded there
-                    runtime.child = None
+                    runtime.unloaded()
                     if self.pool is not None:
                         self.pool.release(runtime.id, child)
                 pending = runtime.pending
@@ -518,14 +505,13 @@ class TurnRunner:
             else:
                 await self._on_turn_done(runtime, child, done)
         finally:
-            backlog, runtime.backlog = runtime.backlog or [], None
-            for name, turn, data in backlog:
+            for name, turn, data in runtime.release_events():
                 self.emit(runtime, name, turn, data)
 
     async def _on_turn_done(self, runtime: SessionRuntime, child: Child, done: TurnDone) -> None:
         pending = runtime.pending
         if pending is None or pending.id != done.record.id or done.session != runtime.id:
-            log.warning(events.LOG_TURN_UNEXPECTED, session=runtime.id, turn=done.record.id, child=child.id)
+            runtime.log.warning(events.LOG_TURN_UNEXPECTED, turn=done.record.id, child=child.id)
             return
         with anyio.CancelScope(shield=True):  # a turn's results are committed whatever else happens
             model = (
@@ -535,13 +521,16 @@ class TurnRunner:
             if committed is None:
                 return
             added = done.transcript if done.transcript is not None else done.messages
-            pending.entries = [
-                entry_from_message(seq, message)
-                for seq, message in zip(committed.seqs, added, strict=True)
-                if done.transcript is None or (message.turn == done.record.id and not isinstance(message, UserMessage))
-            ]
+            pending.added(
+                [
+                    entry_from_message(seq, message)
+                    for seq, message in zip(committed.seqs, added, strict=True)
+                    if done.transcript is None
+                    or (message.turn == done.record.id and not isinstance(message, UserMessage))
+                ]
+            )
             if model is not None:  # a transfer: the session now runs on the destination's model
-                runtime.assistant, runtime.model = done.assistant, model
+                runtime.transferred(done.assistant, model)
             await self._finish(runtime, pending, committed.record)
 
     async def _commit(
@@ -574,23 +563,22 @@ class TurnRunner:
             except StoreUnavailable as exc:
                 if self.stopping:  # the turn stays stored as pending: it re-runs at the next start
                     return None
-                log.error(
+                runtime.log.error(
                     events.LOG_TURN_COMMIT_FAILED,
-                    session=runtime.id,
                     turn=done.record.id,
                     error=str(exc),
                     retry_in=backoff,
                 )
-                if not pending.done.is_set():
-                    pending.cut = f"the store could not commit the turn ({exc}); it is retried and kept"
-                    pending.cut_code = "store_full" if exc.full else "store_unavailable"
-                    pending.mark_done()
+                pending.cut_off(
+                    f"the store could not commit the turn ({exc}); it is retried and kept",
+                    "store_full" if exc.full else "store_unavailable",
+                )
                 retried = True
                 with anyio.move_on_after(backoff):
                     await self._stopped.wait()  # a stop ends the wait at once
                 backoff = min(backoff * 2, COMMIT_RETRY_MAX)
             except StoreError as exc:
-                log.error(events.LOG_TURN_COMMIT_REFUSED, session=runtime.id, turn=done.record.id, error=str(exc))
+                runtime.log.error(events.LOG_TURN_COMMIT_REFUSED, turn=done.record.id, error=str(exc))
                 await self.end_without_result(
                     runtime,
                     pending,
@@ -615,8 +603,7 @@ class TurnRunner:
             runtime = self.sessions.get(session_id)
             if runtime is None:
                 continue
-            if runtime.child is child:
-                runtime.child = None
+            runtime.unloaded(child)
             pending = runtime.pending
             if pending is not None and pending.child is child:
                 pending.mark_lost(crashed=crashed)
@@ -628,7 +615,7 @@ class TurnRunner:
         for session_id in child.loaded:
             runtime = self.sessions.get(session_id)
             if runtime is not None and runtime.pending is None:
-                runtime.generation = max(runtime.generation, generation)
+                runtime.took_generation(generation)
 
     def swaps_applied(self, child: Child, frame: SwapsApplied) -> None:
         """A child's idle sessions took a swap at once: in memory only, like ``SwapApplied``; the
@@ -646,7 +633,7 @@ class TurnRunner:
                 runtime = self.sessions.get(session_id)
                 if runtime is None:
                     continue
-                runtime.generation, runtime.model = max(runtime.generation, frame.generation), swap.model_to
+                runtime.took_generation(frame.generation, swap.model_to)
                 self.emit(runtime, events.SWAP_APPLIED, None, dict(data))
 
     def idle_since(self, session_id: str) -> float | None:
@@ -662,7 +649,7 @@ class TurnRunner:
         runtime = self.sessions.get(session_id)
         log.info(events.LOG_SESSION_UNLOADED, session=session_id)
         if runtime is not None:
-            runtime.child = None
+            runtime.unloaded()
             self.evict_if_cold(runtime)
 
     # ------------------------------------------------------------------ helpers

@@ -25,6 +25,7 @@ from agentd.errors import Conflict
 from agentd.messages import UserMessage
 from agentd.obs import get_logger
 from agentd.records import SessionState, TurnRecord
+from agentd.supervisor.blame import quarantined
 from agentd.views import Entry, entry_from_message, turn_done_event
 
 if TYPE_CHECKING:
@@ -104,6 +105,49 @@ class PendingTurn:
         """The turn has its answer (a result, or a reason it has none): its waiters go on."""
         self.done.set()
         self.settled.set()
+
+    def cut_off(self, reason: str, code: str = "turn_cut") -> None:
+        """It stops here without ending (shutdown, a lost lease): the API answers 503 ``code``."""
+        if not self.done.is_set():
+            self.cut, self.cut_code = reason, code
+            self.mark_done()
+
+    def added(self, entries: list[Entry]) -> None:
+        """What its committed results added to the transcript, as the API shows it."""
+        self.entries = entries
+
+    def runs_on(self, child: Child) -> None:
+        """A new run of it is sent to ``child``."""
+        self.child, self.lost, self.crashed, self.settled = child, anyio.Event(), False, anyio.Event()
+        self.runs += 1
+
+    def left(self, child: Child) -> None:
+        """Its run on ``child`` is over (ended, lost, or cut)."""
+        if self.child is child:
+            self.child = None
+
+    def ended_with(self, record: TurnRecord) -> bool:
+        """It ended as ``record``; False if it had ended already (a close racing the commit): once only."""
+        if self.record is not None:
+            return False
+        self.record = record
+        return True
+
+    def fresh_budget(self) -> None:
+        """A restart-turn re-runs it with a fresh budget: its deadline counts from now."""
+        self.budget_start = time.time()
+
+    def journal_write_begins(self) -> None:
+        """A journal frame of this turn is being written (a re-run waits for it: ``journal_quiet``)."""
+        self.journal_writes += 1
+
+    def run_elsewhere(self) -> None:
+        """Stored here, run by the replica that holds the session's lease."""
+        self.elsewhere = True
+
+    def request_cancel(self) -> None:
+        """A client asked to cancel it: it ends cancelled wherever it is."""
+        self.cancel_requested = True
 
     def mark_lost(self, *, crashed: bool) -> None:
         """The child running it ended before the turn did."""
@@ -203,9 +247,53 @@ class SessionRuntime:
         if turn_ended and self.state != "failed":
             self.state = "idle"
 
-    def unloaded(self) -> None:
-        """The session is not loaded on a child (any more)."""
-        self.child = None
+    def unloaded(self, child: Child | None = None) -> None:
+        """The session is not loaded on a child (any more); with ``child``: if it was loaded there."""
+        if child is None or self.child is child:
+            self.child = None
+
+    def loaded_on(self, child: Child) -> None:
+        """The session was opened on ``child``."""
+        self.child = child
+
+    def waiting_for_intel(self, waiting: bool) -> None:
+        """Its turn waits (or no longer waits) because every endpoint is down."""
+        self.intel_waiting = waiting
+
+    def place_quarantined(self, now: float) -> bool:
+        """Whether its turn must run on a child of its own now (RFC 0006 §5): its recent crashes decide."""
+        self.quarantined = quarantined(self.crashes, now)
+        return self.quarantined
+
+    def blamed(self, crashes: tuple[float, ...], *, quarantine: bool) -> bool:
+        """A crash was counted against it (``crashes``: the ones that still count); True if that
+        quarantines it now."""
+        self.crashes = crashes
+        newly = quarantine and not self.quarantined
+        self.quarantined = self.quarantined or quarantine
+        return newly
+
+    def transferred(self, assistant: str, model: str) -> None:
+        """A transfer committed: the session runs ``assistant`` on ``model`` from now on."""
+        self.assistant, self.model = assistant, model
+
+    # ------------------------------------------------------------------ events held behind a commit
+
+    def hold_events(self) -> None:
+        """A TurnDone is being committed: later events wait (``held``) so turn.done comes first."""
+        self.backlog = []
+
+    def held(self, name: str, turn: str | None, data: dict[str, Any]) -> bool:
+        """Keep an event behind the commit under way; False when none is (publish it now)."""
+        if self.backlog is None:
+            return False
+        self.backlog.append((name, turn, data))
+        return True
+
+    def release_events(self) -> list[tuple[str, str | None, dict[str, Any]]]:
+        """The commit is over: the events held behind it, in order."""
+        backlog, self.backlog = self.backlog or [], None
+        return backlog
 
     # ------------------------------------------------------------------ its generation and leases
 
@@ -214,6 +302,10 @@ class SessionRuntime:
         self.generation = generation
         if model is not None:
             self.model = model
+
+    def took_generation(self, generation: int, model: str | None = None) -> None:
+        """Its child applied ``generation`` to it (frames can arrive after a newer one: never back)."""
+        self.swapped(max(self.generation, generation), model)
 
     def refreshed(self, assistant: str, model: str, generation: int) -> None:
         """What the store says of the session, read again (another replica may have changed it)."""

@@ -105,7 +105,7 @@ class Turns:
                 # scan took this one — and may have ended it already): the turn is stored, and the
                 # holder or the scan runs it, once.
                 runtime.unreserve(turn)
-                turn.elsewhere = True
+                turn.run_elsewhere()
                 runtime.log.info(events.LOG_SESSION_ELSEWHERE, turn=turn.id)
                 self.sessions.evict_if_cold(runtime)
                 return turn
@@ -282,7 +282,7 @@ class Turns:
         """Cancel the turn this replica runs for ``runtime``."""
         turn = runtime.pending
         assert turn is not None
-        turn.cancel_requested = True
+        turn.request_cancel()
         if turn.child is not None:
             await turn.child.send(Cancel(session=runtime.id, turn=turn.id))
         else:  # not on a child yet (waiting for one, or being loaded): it ends now and never starts

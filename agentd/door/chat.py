@@ -1,0 +1,64 @@
+"""``POST /v1/chat/completions`` (RFC 0010 §1), not streamed: a turn of an ordinary session.
+
+With ``X-Agentd-Session: ID`` the request's last (user) message is posted to that session, which
+keeps the conversation (the earlier messages of the request are not read). Without it a session
+is created, seeded with the request's earlier messages, and its id is answered in the
+``X-Agentd-Session`` header, for the client to continue it.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from agentd.apicommon import MESSAGE_LIMIT, JSONResponse, decode_bytes, read_body
+from agentd.apikeys import idempotent
+from agentd.door.inputs import assistant_of, last_user, message_of, refuse_unserved, said
+from agentd.door.outcome import chat_completion
+from agentd.door.shapes import ChatRequest
+from agentd.service import Claim, Service
+from agentd.views import MessageResult, PostMessage
+
+__all__ = ["SESSION_HEADER", "create"]
+
+SESSION_HEADER = "x-agentd-session"
+ROUTE = "/v1/chat/completions"
+
+
+async def create(service: Service, request: Request) -> Response:
+    """Answer a chat completion request with the turn it is."""
+    raw = await read_body(request, service.config.server.max_message_bytes, MESSAGE_LIMIT)
+    body: ChatRequest = decode_bytes(raw, ChatRequest)
+    refuse_unserved(body.tools, body.stream)
+    assistant = assistant_of(service.config, body.model)
+    spoken = [(m.role, said(m.content, f"messages[{i}].content")) for i, m in enumerate(body.messages)]
+    last = last_user(spoken, "messages")
+    continued = request.headers.get(SESSION_HEADER)
+    seeded = (
+        []
+        if continued is not None
+        else [message_of(m.role, m.content, f"messages[{i}].content") for i, m in enumerate(body.messages[:-1])]
+    )
+
+    async def work(claim: Claim | None) -> Response:
+        session = continued
+        if session is None:
+            created = await service.create_session(
+                assistant,
+                session_id=claim.session if claim else None,
+                resumed=claim.resumed if claim else False,
+                seeded=seeded,
+                opener=False,
+            )
+            session = created.id
+        result = await service.send_message(
+            session,
+            PostMessage(content=last.text, images=last.images or None),
+            turn_id=claim.turn if claim else None,
+            resumed=claim.resumed if claim else False,
+        )
+        assert isinstance(result, MessageResult)  # wait=True
+        completion = chat_completion(result.turn, result.messages, model=body.model)
+        return JSONResponse(completion, headers={SESSION_HEADER: session})
+
+    return await idempotent(service, request, ROUTE, raw, work)

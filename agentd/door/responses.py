@@ -1,0 +1,155 @@
+"""``/v1/responses`` (RFC 0010 §1), not streamed: a Response is a turn, ``resp_<turn id>``.
+
+``conversation`` names a session; ``previous_response_id`` continues the session of that
+response, which must be its latest turn; neither: a new session, seeded with the input's earlier
+messages and ``instructions``. The output lists the assistant's text (``message`` items) and
+every tool agentd ran (``mcp_call`` items); the status says how the turn ended (RFC 0010 §3).
+"""
+
+from __future__ import annotations
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+
+from agentd.apicommon import MESSAGE_LIMIT, JSONResponse, decode_bytes, read_body
+from agentd.apikeys import idempotent
+from agentd.door.errors import ParamError, Unsupported
+from agentd.door.inputs import assistant_of, last_user, message_of, refuse_unserved, said
+from agentd.door.outcome import response_object, turn_of_response
+from agentd.door.shapes import ConversationRef, InputItem, ResponsesRequest
+from agentd.errors import Conflict, NotFound
+from agentd.messages import Message, SystemMessage
+from agentd.records import PENDING
+from agentd.service import Claim, Service
+from agentd.views import MessageResult, PostMessage, SessionView, TurnView
+
+__all__ = ["cancel", "create", "retrieve"]
+
+ROUTE = "/v1/responses"
+#: How long a cancel waits for the turn to end before answering it ``in_progress``.
+CANCEL_WAIT = 10.0
+CANCEL_POLL = 0.05
+
+
+def _items(body: ResponsesRequest) -> list[InputItem]:
+    if isinstance(body.input, str):
+        return [InputItem(role="user", content=body.input)]
+    return body.input
+
+
+async def _continued(service: Service, body: ResponsesRequest) -> str | None:
+    """The session the request continues (its ``conversation`` or ``previous_response_id``), else None."""
+    if body.conversation is not None and body.previous_response_id is not None:
+        raise Unsupported(
+            "previous_response_id",
+            "previous_response_id and conversation cannot be used together: each names the conversation to continue",
+            code="conflicting_parameters",
+        )
+    if body.conversation is not None:
+        return body.conversation.id if isinstance(body.conversation, ConversationRef) else body.conversation
+    if body.previous_response_id is None:
+        return None
+    turn = turn_of_response(body.previous_response_id)
+    if turn is None:
+        raise ParamError("previous_response_id", f"no response {body.previous_response_id!r}", code="not_found")
+    session = await service.session_of_turn(turn)
+    view = await service.get_session(session)
+    latest = view.turns[-1].id if view.turns else None
+    if latest != turn:
+        raise ParamError(
+            "previous_response_id",
+            f"response {body.previous_response_id!r} is not the latest of its conversation {session}"
+            f" (resp_{latest} is): a conversation continues from its latest response",
+            code="previous_response_not_latest",
+        )
+    return session
+
+
+async def create(service: Service, request: Request) -> Response:
+    """Answer a Responses request with the turn it is."""
+    raw = await read_body(request, service.config.server.max_message_bytes, MESSAGE_LIMIT)
+    body: ResponsesRequest = decode_bytes(raw, ResponsesRequest)
+    refuse_unserved(body.tools, body.stream)
+    assistant = assistant_of(service.config, body.model)
+    items = _items(body)
+    spoken = [(item.role, said(item.content, f"input[{i}].content")) for i, item in enumerate(items)]
+    last = last_user(spoken, "input")
+    continued = await _continued(service, body)
+    if continued is not None and (len(items) > 1 or body.instructions is not None):
+        param = "instructions" if body.instructions is not None else "input"
+        raise Unsupported(
+            param,
+            f"{param}: a response that continues a conversation takes one user message and no instructions"
+            " (the conversation keeps its own); start a new conversation to give more",
+        )
+
+    seeded: list[Message] = [SystemMessage(content=body.instructions)] if body.instructions else []
+    seeded += [message_of(it.role, it.content, f"input[{i}].content") for i, it in enumerate(items[:-1])]
+
+    async def work(claim: Claim | None) -> Response:
+        session = continued
+        if session is None:
+            created = await service.create_session(
+                assistant,
+                session_id=claim.session if claim else None,
+                resumed=claim.resumed if claim else False,
+                seeded=seeded,
+                opener=False,
+            )
+            session = created.id
+        result = await service.send_message(
+            session,
+            PostMessage(content=last.text, images=last.images or None),
+            turn_id=claim.turn if claim else None,
+            resumed=claim.resumed if claim else False,
+        )
+        assert isinstance(result, MessageResult)  # wait=True
+        shown = response_object(
+            result.turn,
+            result.messages,
+            session=session,
+            model=body.model,
+            previous=body.previous_response_id,
+            metadata=body.metadata,
+        )
+        return JSONResponse(shown)
+
+    return await idempotent(service, request, ROUTE, raw, work)
+
+
+async def _find(service: Service, response: str) -> tuple[SessionView, TurnView]:
+    turn_id = turn_of_response(response)
+    if turn_id is None:
+        raise NotFound(f"no response {response!r}", code="not_found")
+    view = await service.get_session(await service.session_of_turn(turn_id))
+    for turn in view.turns:
+        if turn.id == turn_id:
+            return view, turn
+    raise NotFound(f"no response {response!r}", code="not_found")
+
+
+def _shown(view: SessionView, turn: TurnView) -> JSONResponse:
+    # The turn's entries, but its input: what it added.
+    entries = [e for e in view.transcript if e.turn == turn.id and e.role != "user"]
+    return JSONResponse(response_object(turn, entries, session=view.id, model=view.assistant))
+
+
+async def retrieve(service: Service, request: Request) -> Response:
+    """``GET /v1/responses/{id}``: the turn as it is now (``in_progress`` while it runs)."""
+    view, turn = await _find(service, request.path_params["id"])
+    return _shown(view, turn)
+
+
+async def cancel(service: Service, request: Request) -> Response:
+    """``POST /v1/responses/{id}/cancel``: cancel the turn, and answer it once it ended (or after ``CANCEL_WAIT``)."""
+    response = request.path_params["id"]
+    view, turn = await _find(service, response)
+    if turn.status != PENDING:
+        raise Conflict(f"response {response!r} is not in progress (it ended {turn.status})", code="not_in_progress")
+    await service.cancel(view.id)
+    with anyio.move_on_after(CANCEL_WAIT):
+        while turn.status == PENDING:
+            await anyio.sleep(CANCEL_POLL)
+            view, turn = await _find(service, response)
+    return _shown(view, turn)
