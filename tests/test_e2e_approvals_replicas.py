@@ -34,8 +34,10 @@ def test_racing_decisions_on_two_replicas_one_wins_and_the_call_runs_once(tmp_pa
     with replicas(tmp_path, pg, 2, more=APPROVED, env={"AGENTD_TEST_TOOL_LOG": str(log)}) as (started, _hold):
         a, b = started
         session = a.new_session("tooled")
+        remote = b.events(session)  # a subscriber on the replica that does not run the turn
         answer = a.send(session, "record please")
         turn, [approval] = answer["turn"]["id"], answer["approvals"]
+        assert remote.wait("approval.requested")["approval"] == approval["id"]
         assert b.json("GET", f"/v1/approvals/{approval['id']}", status=200)["status"] == "pending"
         answers: list[httpx.Response] = []
         barrier = threading.Barrier(2)

@@ -367,8 +367,10 @@ async def on_parked(runner: _Runner, runtime: SessionRuntime, child: str, frame:
             await runner.end_without_result(runtime, pending, TurnStatus.FAILED, f"cannot store its approvals: {exc}")
             return
         pending.waits_for(result.approvals)
-        await await_decisions(runner, runtime, pending)
+        # Announced (they are stored) while the turn still holds its lease: a subscriber on another
+        # replica hears of them through the relay, fenced like the turn's other events.
         runner.approvals.announce(runtime, result)
+        await await_decisions(runner, runtime, pending)
         if all(a.status is not ApprovalStatus.PENDING for a in result.approvals):
             # Every call it waits on was decided already (while a swap's re-run ran): it goes on.
             await runner.approvals.resume_now(frame.session, frame.turn)
