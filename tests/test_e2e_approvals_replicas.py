@@ -56,6 +56,7 @@ def test_racing_decisions_on_two_replicas_one_wins_and_the_call_runs_once(tmp_pa
         [lost] = [r for r in answers if r.status_code == 409]
         assert lost.json()["error"]["code"] == "already_decided"
         [won] = [r.json() for r in answers if r.status_code == 200]
+        assert remote.wait("approval.decided")["status"] == won["status"]
         record = a.turn(session, turn)
         assert record["status"] == "completed"
         assert records(log) == (1 if won["status"] == "approved" else 0)

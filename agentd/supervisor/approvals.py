@@ -179,9 +179,9 @@ class Approvals:
             ) from None
         except StoreError as exc:
             raise store_failure(exc) from None
-        self.decided(self.sessions.get(decided.session), decided)
-        if ready:
+        if ready:  # resumed first: the turn holds its lease again, so the event is relayed too
             await self._resume(decided.session, decided.turn)
+        self.decided(self.sessions.get(decided.session), decided)
         return approval_view(decided)
 
     async def get(self, approval_id: str) -> ApprovalView:
@@ -264,10 +264,10 @@ class Approvals:
         except StoreError as exc:
             log.warning(events.LOG_APPROVAL_FAILED, what="expire approvals", error=str(exc))
             return False
-        for approval in expired:
-            self.decided(self.sessions.get(approval.session), approval)
         for session_id, turn_id in ready:
             await self._resume(session_id, turn_id)
+        for approval in expired:
+            self.decided(self.sessions.get(approval.session), approval)
         return True
 
     async def resume_now(self, session_id: str, turn_id: str) -> None:
