@@ -28,7 +28,7 @@ from agentd.supervisor.running import Running
 from agentd.supervisor.session import PendingTurn, SessionRuntime, SessionTable
 from agentd.views import ApprovalView, approval_view
 
-__all__ = ["AWAITING", "EXPIRY_POLL", "Approvals", "Emit", "Resume", "decisions_of", "load_parked", "on_parked"]
+__all__ = ["EXPIRY_POLL", "WAITING", "Approvals", "Emit", "Resume", "decisions_of", "load_parked", "on_parked"]
 
 log = get_logger("supervisor")
 
@@ -36,7 +36,7 @@ log = get_logger("supervisor")
 #: are seen within this; this replica's own parks wake the wait at once.
 EXPIRY_POLL = 5.0
 #: ``load``'s answer for a turn that still waits for a decision.
-AWAITING = "awaiting"
+WAITING = "waiting"
 
 #: Publish a session event (``TurnRunner.emit``).
 Emit = Callable[[SessionRuntime, str, str | None, dict[str, Any]], None]
@@ -141,14 +141,14 @@ class Approvals:
 
     async def load(self, session_id: str, turn_id: str) -> tuple[ParkedRun, list[Decision]] | str | None:
         """How a pending turn runs now: from its start (None), from its parked run with the
-        decisions, or not at all (``AWAITING``: an approval is still pending). StoreError as is."""
+        decisions, or not at all (``WAITING``: an approval is still pending). StoreError as is."""
         found = await self.store.parked_run(session_id, turn_id)
         if found is None:
             return None
         run, approvals = found
         decisions = decisions_of(run, approvals)
         if decisions is None:
-            return AWAITING
+            return WAITING
         return run, decisions
 
     # ------------------------------------------------------------------ the API
@@ -320,7 +320,7 @@ async def load_parked(runner: _Runner, runtime: SessionRuntime, turn: PendingTur
     except StoreError as exc:
         await runner.end_without_result(runtime, turn, TurnStatus.FAILED, f"cannot read its approvals: {exc}")
         return False
-    if how == AWAITING:
+    if how == WAITING:
         await await_decisions(runner, runtime, turn)
         return False
     if isinstance(how, tuple):
