@@ -364,3 +364,30 @@ def test_a_waiting_turn_unloads_and_its_deadline_does_not_run(tmp_path: Path) ->
         assert runs(tmp_path) == 1
     finally:
         daemon.stop()
+
+
+def test_restart_turn_cancels_the_approvals_its_rerun_does_not_ask_for_again(tmp_path: Path) -> None:
+    """Two calls wait; a reload swaps the model (restart-turn) and no longer requires approval for
+    one of them: the re-run keeps the other's approval (same id) and cancels this one with the reason."""
+    top = 'model_swap = "restart-turn"'
+    tools = ["tests.tooling:record", "tests.tooling:stamp"]
+    daemon = Daemon(tmp_path, config(tools, tools, top=top)).start()
+    try:
+        session = daemon.new_session()
+        stream = daemon.events(session)
+        answer = daemon.send(session, 'call tool record {"label": "a"} and call tool stamp {"label": "b"}')
+        turn = answer["turn"]["id"]
+        kept, dropped = answer["approvals"]
+        assert (kept["tool"], dropped["tool"]) == ("record", "stamp")
+        daemon.write_config(config(tools, ["tests.tooling:record"], top=top, model="echo-large"))
+        assert daemon.json("POST", "/v1/reload", status=200)["applied"]
+        cancelled = stream.wait("approval.decided", lambda d: d["approval"] == dropped["id"])
+        assert cancelled["status"] == "cancelled" and "restart-turn" in cancelled["reason"]
+        [still] = pending_approvals(daemon, session)
+        assert still["id"] == kept["id"]
+        decide(daemon, kept["id"], {"decision": "approve"})
+        record = daemon.turn(session, turn)
+        assert record["status"] == "completed" and record["models"] == ["echo-large"]
+        assert runs(tmp_path) == 1 and runs(tmp_path, "stamp b") == 1
+    finally:
+        daemon.stop()
