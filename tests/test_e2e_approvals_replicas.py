@@ -76,3 +76,21 @@ def test_a_pending_approval_outlives_its_replica_and_any_replica_resumes_the_tur
         assert b.turn(session, turn)["status"] == "completed"
         wait_until(lambda: records(log) == 1, "the approved call to run once")
         assert records(log) == 1
+
+
+def test_a_replica_killed_right_after_an_approve_its_turn_is_adopted_and_the_call_runs_once(
+    tmp_path: Path, pg: PgServer
+) -> None:
+    log = tmp_path / "tools.log"
+    with replicas(tmp_path, pg, 2, more=APPROVED, env={"AGENTD_TEST_TOOL_LOG": str(log)}) as (started, _hold):
+        a, b = started
+        session = a.new_session("tooled")
+        answer = a.send(session, "record please")
+        turn, [approval] = answer["turn"]["id"], answer["approvals"]
+        assert a.json("POST", f"/v1/approvals/{approval['id']}", {"decision": "approve"}, status=200)
+        kill_replica(a)  # right after the approve: a had claimed the session to resume the turn
+        record = b.turn(session, turn)
+        assert record["status"] == "completed", record
+        [result] = [e for e in b.entries(session, turn) if e["role"] == "tool"]
+        # Exactly once — unless the kill cut the call while it ran: then at most once, and said so.
+        assert records(log) == 1 or (result.get("outcome_unknown") is True and records(log) == 0)
