@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentd import __version__, events
@@ -76,6 +76,7 @@ from agentd.views import (
     PostMessage,
     Readiness,
     ReloadResult,
+    ReloadView,
     SessionSummary,
     SessionView,
     StatusView,
@@ -83,6 +84,8 @@ from agentd.views import (
 
 __all__ = [
     "ALL_ROUTES",
+    "CONSOLE_LISTENER",
+    "CONSOLE_PATH",
     "DOOR_ROUTES",
     "ROUTES",
     "STATUS",
@@ -91,14 +94,20 @@ __all__ = [
     "SwitchableApp",
     "build_app",
     "build_waiting_app",
+    "event_stream",
+    "page_limit",
     "status_of",
 ]
 
 log = get_logger("api")
 
 SSE_KEEPALIVE_SECONDS = 15.0
+# Events already waiting for a subscriber go out in one write, up to this many: a burst (deltas of
+# many sessions' turns) costs one send instead of one per event.
+SSE_BATCH = 64
 DEFAULT_PAGE = 100  # GET /v1/sessions without ?limit=
 MAX_PAGE = 10_000
+RELOAD_HISTORY_MAX = 1000  # GET /v1/reloads?limit= at most: the history keeps no more (RELOAD_HISTORY_KEEP)
 
 
 #: Every route: its path, its method and the name of the handler ``build_app`` serves it with. The
@@ -108,6 +117,7 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("/v1/ready", "GET", "ready"),
     ("/v1/status", "GET", "status"),
     ("/v1/reload", "POST", "reload"),
+    ("/v1/reloads", "GET", "reloads"),
     ("/v1/sessions", "POST", "create_session"),
     ("/v1/sessions", "GET", "list_sessions"),
     ("/v1/sessions/{id}", "GET", "get_session"),
@@ -190,8 +200,20 @@ DOCS: dict[str, RouteDoc] = {
     "list_sessions": RouteDoc(
         "a page of sessions",
         {200: list[SessionSummary]},
-        errors=_codes(STORE, {400: ("bad_limit", "bad_cursor")}),
-        query={"limit": LIMIT, "after": ({"type": "string"}, "the last session id of the page before")},
+        errors=_codes(STORE, {400: ("bad_limit", "bad_cursor", "bad_state")}),
+        query={
+            "limit": LIMIT,
+            "after": ({"type": "string"}, "the last session id of the page before"),
+            "state": ({"type": "string"}, "only sessions in this state (idle, running, failed, closed)"),
+            "assistant": ({"type": "string"}, "only sessions of this assistant"),
+        },
+        error_body=ErrorBody,
+    ),
+    "reloads": RouteDoc(
+        "the reload history, newest first",
+        {200: list[ReloadView]},
+        errors=_codes(STORE, {400: ("bad_limit",)}),
+        query={"limit": ({"type": "integer", "minimum": 1, "maximum": RELOAD_HISTORY_MAX}, "how many (default 100)")},
         error_body=ErrorBody,
     ),
     "get_session": RouteDoc(
@@ -338,14 +360,6 @@ DOCS: dict[str, RouteDoc] = {
 }
 
 
-def _page_limit(request: Request) -> int:
-    """``?limit=`` of a listing: 1 to ``MAX_PAGE`` (``DEFAULT_PAGE`` when absent)."""
-    limit_text = request.query_params.get("limit", str(DEFAULT_PAGE))
-    if not is_number(limit_text) or not 1 <= int(limit_text) <= MAX_PAGE:
-        raise BadInput(f"limit must be a whole number from 1 to {MAX_PAGE}, not {limit_text!r}", code="bad_limit")
-    return int(limit_text)
-
-
 async def _health(_: Request) -> Response:
     return JSONResponse(Health())
 
@@ -375,8 +389,67 @@ def _error(path: str, status: int, code: str, message: str, headers: dict[str, s
     return response
 
 
-def build_app(supervisor: Service) -> Starlette:
-    """The API application bound to ``supervisor``."""
+def page_limit(request: Request, default: int, maximum: int) -> int:
+    """The request's ``?limit=`` (``default`` without one); BadInput unless it is 1 to ``maximum``."""
+    text = request.query_params.get("limit", str(default))
+    if not is_number(text) or not 1 <= int(text) <= maximum:
+        raise BadInput(f"limit must be a whole number from 1 to {maximum}, not {text!r}", code="bad_limit")
+    return int(text)
+
+
+async def event_stream(service: Service, session_id: str) -> StreamingResponse:
+    """The session's events as ``text/event-stream`` (RFC 0000 §7), while the client listens.
+
+    The session stays hot while subscribed; NotFound (raised before the response starts) if it is
+    not open. Shared by ``GET /v1/sessions/{id}/events`` and the console's own stream.
+    """
+    stream = await service.subscribe(session_id)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield b": connected\n\n"
+            async with stream:
+                while True:
+                    with anyio.move_on_after(SSE_KEEPALIVE_SECONDS) as idle:
+                        try:
+                            name, data = await stream.receive()
+                        except anyio.EndOfStream:
+                            return
+                    if idle.cancelled_caught:
+                        yield b": keep-alive\n\n"
+                        continue
+                    batch = [_sse_event(name, data)]
+                    ended = False
+                    while len(batch) < SSE_BATCH:  # what waits already goes out in one write
+                        try:
+                            name, data = stream.receive_nowait()
+                        except anyio.WouldBlock:
+                            break
+                        except anyio.EndOfStream:
+                            ended = True
+                            break
+                        batch.append(_sse_event(name, data))
+                    yield b"".join(batch)
+                    if ended:
+                        return
+        finally:
+            service.unsubscribed(session_id)  # the stream is closed: the session need not stay hot
+
+    return StreamingResponse(
+        body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+#: Where the operator console is mounted (agentd/console), on the TCP listener only.
+CONSOLE_PATH = "/console"
+#: Set in the ASGI scope of a request under ``CONSOLE_PATH`` that came through ``BearerAuth`` (the
+#: TCP listener): the console serves only such requests, authorizing them itself with its cookie.
+CONSOLE_LISTENER = "agentd.console_listener"
+
+
+def build_app(supervisor: Service, console: ASGIApp | None = None) -> Starlette:
+    """The API application bound to ``supervisor``; ``console`` (the operator console's app, RFC
+    0000 §12) is mounted at ``CONSOLE_PATH`` when given."""
 
     async def ready(request: Request) -> Response:
         reasons = supervisor.ready()
@@ -405,16 +478,27 @@ def build_app(supervisor: Service) -> Starlette:
 
         return await idempotent(supervisor, request, "/v1/sessions", raw, work)
 
+    async def reloads(request: Request) -> Response:
+        limit = page_limit(request, DEFAULT_PAGE, RELOAD_HISTORY_MAX)
+        return JSONResponse(await supervisor.reloads(limit))
+
     async def list_sessions(request: Request) -> Response:
-        after = request.query_params.get("after") or None
-        return JSONResponse(await supervisor.list_sessions(limit=_page_limit(request), after=after))
+        limit = page_limit(request, DEFAULT_PAGE, MAX_PAGE)
+        query = request.query_params
+        page = await supervisor.list_sessions(
+            limit=limit,
+            after=query.get("after") or None,
+            state=query.get("state") or None,
+            assistant=query.get("assistant") or None,
+        )
+        return JSONResponse(page)
 
     async def list_approvals(request: Request) -> Response:
         query = request.query_params
         page = await supervisor.list_approvals(
             status=query.get("status") or None,
             session=query.get("session") or None,
-            limit=_page_limit(request),
+            limit=page_limit(request, DEFAULT_PAGE, MAX_PAGE),
             after=query.get("after") or None,
         )
         return JSONResponse(page)
@@ -455,29 +539,7 @@ def build_app(supervisor: Service) -> Starlette:
         return JSONResponse(await supervisor.close_session(request.path_params["id"]))
 
     async def session_events(request: Request) -> Response:
-        session_id = request.path_params["id"]
-        stream = await supervisor.subscribe(session_id)
-
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                yield b": connected\n\n"
-                async with stream:
-                    while True:
-                        with anyio.move_on_after(SSE_KEEPALIVE_SECONDS) as idle:
-                            try:
-                                name, data = await stream.receive()
-                            except anyio.EndOfStream:
-                                return
-                        if idle.cancelled_caught:
-                            yield b": keep-alive\n\n"
-                            continue
-                        yield b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n"
-            finally:
-                supervisor.unsubscribed(session_id)  # the stream is closed: the session need not stay hot
-
-        return StreamingResponse(
-            body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        )
+        return await event_stream(supervisor, request.path_params["id"])
 
     async def metrics(_: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
@@ -494,6 +556,7 @@ def build_app(supervisor: Service) -> Starlette:
         "ready": ready,
         "status": status,
         "reload": reload,
+        "reloads": reloads,
         "create_session": create_session,
         "list_sessions": list_sessions,
         "get_session": get_session,
@@ -508,8 +571,11 @@ def build_app(supervisor: Service) -> Starlette:
         "openapi": openapi,
         **door_handlers(supervisor),
     }
+    routes: list[BaseRoute] = [Route(path, handlers[name], methods=[method]) for path, method, name in ALL_ROUTES]
+    if console is not None:
+        routes.append(Mount(CONSOLE_PATH, app=console))
     return Starlette(
-        routes=[Route(path, handlers[name], methods=[method]) for path, method, name in ALL_ROUTES],
+        routes=routes,
         middleware=[Middleware(CatchAll)],
         exception_handlers={ServiceError: on_service_error, HTTPException: _on_http_error},
     )
@@ -534,8 +600,11 @@ def build_waiting_app(waiting_for: Callable[[], str]) -> Starlette:
     def handler(name: str) -> Callable[[Request], Any]:
         return {"health": _health, "ready": ready}.get(name, unavailable)
 
+    routes: list[BaseRoute] = [Route(path, handler(name), methods=[method]) for path, method, name in ALL_ROUTES]
+    # The console, too, waits (it is the TCP listener's only; on the socket it is not found later either).
+    routes.append(Mount(CONSOLE_PATH, routes=[Route("/{rest:path}", unavailable, methods=["GET", "POST"])]))
     return Starlette(
-        routes=[Route(path, handler(name), methods=[method]) for path, method, name in ALL_ROUTES],
+        routes=routes,
         middleware=[Middleware(CatchAll)],
         exception_handlers={HTTPException: _on_http_error},
     )
@@ -598,10 +667,16 @@ PROBE_PATHS: frozenset[str] = frozenset({"/v1/health", "/v1/ready"})
 ANONYMOUS_PROBE = "agentd.anonymous_probe"
 
 
+def _under_console(path: str) -> bool:
+    return path == CONSOLE_PATH or path.startswith(CONSOLE_PATH + "/")
+
+
 class BearerAuth:
     """ASGI middleware: every request must carry ``Authorization: Bearer <token>``, else 401 —
     except a ``GET`` of ``/v1/health`` or ``/v1/ready`` (``PROBE_PATHS``), answered without one,
-    readiness then without its reasons.
+    readiness then without its reasons, and a request under ``CONSOLE_PATH``, passed on marked
+    ``CONSOLE_LISTENER``: the console authorizes its requests itself (its login cookie), and a
+    browser never holds the token.
 
     The scheme name is case-insensitive (``bearer``, ``BEARER``: HTTP auth schemes are), and
     spaces around the token are not part of it; the token itself is compared exactly, in
@@ -617,6 +692,9 @@ class BearerAuth:
         return scheme.lower() == b"bearer" and secrets.compare_digest(credentials.strip(b" \t"), self._expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _under_console(scope["path"]):
+            await self.app({**scope, CONSOLE_LISTENER: True}, receive, send)
+            return
         if scope["type"] == "http":
             presented = dict(scope["headers"]).get(b"authorization", b"")
             if not self._authorized(presented):
@@ -629,3 +707,8 @@ class BearerAuth:
                 return
             scope = {**scope, CREDENTIAL: "token"}  # idempotency keys are scoped to it (RFC 0010 §2)
         await self.app(scope, receive, send)
+
+
+def _sse_event(name: str, data: object) -> bytes:
+    """One session event as SSE bytes (RFC 0000 §7)."""
+    return b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n"

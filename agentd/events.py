@@ -30,6 +30,11 @@ STEP_STARTED: Final = "step.started"
 INTEL_WAITING: Final = "intel.waiting"
 # ... until a model call succeeds again.
 INTEL_RECOVERED: Final = "intel.recovered"
+# A step's text as the model writes it (coalesced); concatenated per (turn, run, step) it is the
+# step's content (RFC 0005 §7).
+DELTA: Final = "delta"
+# Discard the step's deltas so far: its model call is retried or failed over after text went out.
+STEP_RESET: Final = "step.reset"
 
 SESSION_EVENTS: Final = frozenset(
     {
@@ -48,6 +53,8 @@ SESSION_EVENTS: Final = frozenset(
         INTEL_RECOVERED,
         APPROVAL_REQUESTED,
         APPROVAL_DECIDED,
+        DELTA,
+        STEP_RESET,
     }
 )
 
@@ -74,6 +81,13 @@ LOG_TURN_BEGIN_RECOVERED: Final = "turn.begin_recovered"
 LOG_SESSION_CREATE_RECOVERED: Final = "session.create_recovered"  # a create whose answer was lost had landed
 LOG_TOOL_REPLAYED: Final = "tool.replayed"
 LOG_CONFIG_RELOAD: Final = "config.reload"
+# The reload history (GET /v1/reloads) could not be written; the reload itself stands.
+LOG_CONFIG_RELOAD_UNRECORDED: Final = "config.reload_unrecorded"
+# The console (agentd/console): a login refused (wrong token), a state-changing request refused
+# (CSRF token or Origin), a console action done (cancel, reload, message, approve …).
+LOG_CONSOLE_LOGIN_REFUSED: Final = "console.login_refused"
+LOG_CONSOLE_REFUSED: Final = "console.refused"
+LOG_CONSOLE_ACTION: Final = "console.action"
 LOG_CONFIG_WATCH: Final = "config.watch"  # --watch-config saw the file change; a reload follows
 LOG_PROTOCOL_ERROR: Final = "protocol.error"
 LOG_CHILD_READY: Final = "child.ready"
@@ -100,6 +114,8 @@ LOG_SESSION_LEASE_LOST: Final = "session.lease_lost"  # another replica took the
 LOG_SESSION_ADOPTED: Final = "session.adopted"  # the failover scan claimed it; its pending turn re-runs here
 LOG_SESSION_RELEASED: Final = "session.released"  # a stopping replica gave its lease up
 LOG_SESSION_ELSEWHERE: Final = "session.elsewhere"  # a message stored here runs on the replica holding the lease
+# The last subscriber of a session with a turn in flight left: its child stops streaming that turn.
+LOG_SESSION_UNWATCHED: Final = "session.unwatched"
 LOG_SESSION_RELAYED: Final = "session.relayed"  # a turn running here streams to another replica's subscribers now
 LOG_SESSION_QUARANTINED: Final = "session.quarantined"  # its turns run on a child of its own now
 LOG_STORE_WAITING: Final = "store.waiting"  # start-up: the store cannot be opened yet; tried again after retry_in

@@ -180,6 +180,12 @@ class Metrics:
         self.approvals = Counter(
             "agentd_approvals", "Tool-call approvals decided, by decision", ["decision"], registry=self.registry
         )
+        self.delta_frames = Counter(
+            "agentd_delta_frames",
+            "delta and step.reset event frames received from children, by event",
+            ["event"],
+            registry=self.registry,
+        )
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

@@ -176,6 +176,9 @@ class Input(_Frame, frozen=True, tag="input", kw_only=True):
     # Whether anyone watches the session's events. Unwatched, the child sends only the events the
     # supervisor itself needs (intel.waiting/recovered); a Watch frame turns them on mid-turn.
     watched: bool = True
+    # Which run of the turn this is (RFC 0005 §7): 0 first, +1 for every earlier run (a child that
+    # died, a restart-turn re-run). Deltas and step events carry it so clients drop a void run's text.
+    run: int = 0
     # What earlier runs of this turn journaled (RFC 0008 §5): reused, never run again.
     journal: list[JournalEntry] = []
     # A run that stopped for approvals goes on from where it stopped, with what was decided for

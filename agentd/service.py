@@ -20,6 +20,7 @@ from agentd.views import (
     MessageResult,
     PostMessage,
     ReloadResult,
+    ReloadView,
     SessionSummary,
     SessionView,
     StatusView,
@@ -50,7 +51,10 @@ class Service(Protocol):
         seeded: Sequence[Message] = (),
         opener: bool = True,
     ) -> SessionView: ...
-    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]: ...
+    async def list_sessions(
+        self, *, limit: int = 100, after: str | None = None, state: str | None = None, assistant: str | None = None
+    ) -> list[SessionSummary]: ...
+    async def reloads(self, limit: int = 100) -> list[ReloadView]: ...
     async def get_session(self, session_id: str) -> SessionView: ...
     async def session_of_turn(self, turn_id: str) -> str: ...
     async def send_message(

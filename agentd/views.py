@@ -34,6 +34,7 @@ __all__ = [
     "PostMessage",
     "Readiness",
     "ReloadResult",
+    "ReloadView",
     "ReplicaView",
     "SessionCounts",
     "SessionSummary",
@@ -291,6 +292,20 @@ class Decide(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     decision: str
     reason: str | None = None
     arguments: Any = None
+
+
+class ReloadView(_Body, kw_only=True):
+    """One reload of the history (``GET /v1/reloads``): the generation it left running, when (ISO
+    8601 UTC), whether it was applied or refused with ``errors``, the changed field paths, how
+    many sessions it swapped, and the replica that ran it."""
+
+    generation: int
+    at: str
+    applied: bool
+    errors: list[ConfigIssue] = []
+    changed: list[str] = []
+    swapped_total: int = 0
+    replica: str = ""
 
 
 class MessageResult(_Body, kw_only=True):

@@ -530,3 +530,22 @@ def test_a_run_whose_lease_was_lost_relays_nothing_more_and_nothing_follows_turn
         names = [(name, data.get("turn")) for name, data in stream.seen]
         done_at = names.index(("turn.done", turn))
         assert not [n for n in names[done_at + 1 :] if n[1] == turn], names
+
+
+def test_a_remote_subscriber_gets_the_same_deltas_in_order(tmp_path: Path, pg: PgServer) -> None:
+    """Token deltas cross replicas like every other event (RFC 0005 §7, RFC 0009 §7): the same
+    sequence on a replica that does not run the turn, in order, each one within PostgreSQL's
+    notification limit however much text it carries, and adding up to the step's content."""
+    streamer = '\n[[assistants]]\nname = "streamer"\nintelligence = { options = { chunk_ms = 1 } }\n'
+    with replicas(tmp_path, pg, 2, more=streamer) as (started, _hold):
+        a, b = started
+        session = a.new_session("streamer")
+        on_a, on_b = a.events(session), b.events(session)
+        long_text = "é✓ ünïcode " * 900 + " ".join(f"w{i}" for i in range(300))  # big pieces and many small ones
+        turn = a.send(session, long_text)["turn"]["id"]  # a runs it; b watches from afar
+        local, remote = events_of(on_a, turn), events_of(on_b, turn)
+        assert remote == local
+        deltas = [data for name, data in remote if name == "delta"]
+        assert deltas and all(d["run"] == 0 and d["step"] == 1 for d in deltas)
+        content = [data for name, data in remote if name == "step.done"][-1]["content"]
+        assert "".join(d.get("content", "") for d in deltas) == content == f"[{MODEL}] You said: {long_text}"

@@ -183,6 +183,7 @@ def _samples() -> list[Any]:
             message=UserMessage(content="Transfer me to billing", name="alice"),
             started_at=1764583200.5,
             watched=False,
+            run=2,
             journal=[_JOURNALED, JournalEntry(seq=3, call="call-4", tool="refund")],
             resume=_PARKED,
             decisions=[

@@ -25,7 +25,17 @@ import pytest
 from agentd.budget import TurnStatus, Usage
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
 from agentd.records import Discarded, JournalEntry, StartedTurn, TurnRecord
-from agentd.store import CommittedTurn, SqliteStore, Store, StoredEntry, StoreError, UnknownSession, codec, migrations
+from agentd.store import (
+    CommittedTurn,
+    ReloadRow,
+    SqliteStore,
+    Store,
+    StoredEntry,
+    StoreError,
+    UnknownSession,
+    codec,
+    migrations,
+)
 from tests.store_harness import Backend
 
 pytestmark = pytest.mark.anyio
@@ -139,12 +149,13 @@ def every_kind(turn: str = "t0") -> list[Message]:
 
 
 async def test_schema_version_and_indexes(store: Store, backend: Backend) -> None:
-    assert migrations.SCHEMA_VERSION == 9
+    assert migrations.SCHEMA_VERSION == 10
     assert backend.schema_version() == migrations.SCHEMA_VERSION
     assert {"sessions_state", "sessions_owner", "turns_one_pending", "entries_active"} <= backend.indexes()
     assert {"owner", "lease_expires", "fence"} <= set(backend.columns("sessions"))
     assert {"session", "turn", "seq", "call", "tool", "arguments", "finished_at"} <= set(backend.columns("journal"))
     assert {"session", "replica", "until"} <= set(backend.columns("watches"))
+    assert {"generation", "at", "applied", "errors", "changed", "swapped_total"} <= set(backend.columns("reloads"))
 
 
 def test_both_backends_have_a_migration_for_every_version() -> None:
@@ -1257,3 +1268,42 @@ async def test_a_cancel_request_is_kept_on_the_pending_turn_only(store: Store) -
     assert interrupted.cancel_requested is True
     await store.abandon_turn("s1", "t1", status="cancelled", error="cancelled", ended_at=1002.0)
     assert await store.request_cancel("s1", "t1") is False  # not pending any more
+
+
+# --------------------------------------------------------------------------- filters and the reload history
+
+
+async def test_sessions_are_filtered_by_state_and_assistant_and_paged_within_the_filter(store: Store) -> None:
+    for index, assistant in enumerate(["triage", "billing", "triage", "triage"]):
+        await store.create_session(
+            f"s{index}", assistant=assistant, generation=1, model="m", created_at=float(index), transcript=[]
+        )
+    await store.begin_turn("s2", "t1", UserMessage(content="hi"), started_at=5.0)
+    await store.update_session("s3", state="failed")
+
+    assert [s.id for s in await store.list_sessions(assistant="triage")] == ["s0", "s2", "s3"]
+    assert [s.id for s in await store.list_sessions(state="running")] == ["s2"]
+    assert [s.id for s in await store.list_sessions(state="idle")] == ["s0", "s1"]
+    assert [s.id for s in await store.list_sessions(state="idle", assistant="triage")] == ["s0"]
+    assert [s.id for s in await store.list_sessions(assistant="triage", limit=1, after="s0")] == ["s2"]
+    assert await store.list_sessions(assistant="nobody") == []
+    with pytest.raises(StoreError, match="unknown state 'asleep'"):
+        await store.list_sessions(state="asleep")
+
+
+async def test_the_reload_history_is_newest_first_and_bounded(store: Store, backend: Backend) -> None:
+    assert await store.reloads(10) == []
+    applied = ReloadRow(
+        generation=2, at=10.5, applied=True, changed=("assistants[0].intelligence.model",), swapped_total=3, replica="a"
+    )
+    refused = ReloadRow(generation=2, at=11.0, applied=False, errors=(("limits.max_steps", "must be > 0"),))
+    await store.record_reload(applied, keep=3)
+    await store.record_reload(refused, keep=3)
+    assert await store.reloads(10) == [refused, applied]
+    assert await store.reloads(1) == [refused]
+    for generation in range(3, 7):
+        await store.record_reload(ReloadRow(generation=generation, at=20.0 + generation, applied=True), keep=3)
+    assert [r.generation for r in await store.reloads(10)] == [6, 5, 4]
+    assert backend.raw("SELECT COUNT(*) FROM reloads") == [(3,)]
+    with pytest.raises(StoreError, match="keep must be at least 1"):
+        await store.record_reload(applied, keep=0)

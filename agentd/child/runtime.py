@@ -16,6 +16,7 @@ import sys
 import anyio
 
 from agentd import events
+from agentd.child.deltas import DeltaStream
 from agentd.child.session import ChildSession
 from agentd.child.toolbox import Toolbox, build_toolbox
 from agentd.child.turn import run_turn
@@ -286,17 +287,27 @@ class ChildRuntime:
                 async def tools() -> dict[str, AnyTool]:
                     return await toolbox.tools(connections)
 
-                done = await run_turn(
-                    session,
-                    frame.turn,
-                    frame.message,
-                    tools,
-                    accepted_at=frame.started_at,
-                    journal=frame.journal,
-                    write=self._journal,
-                    resume=frame.resume,
-                    decisions=frame.decisions,
-                )
+                # The turn's deltas are flushed by a task of their own: a slow channel to the
+                # supervisor never holds the model call up (agentd.child.deltas).
+                deltas = DeltaStream(session, frame.turn)
+                assert self._tg is not None
+                self._tg.start_soon(deltas.run)
+                try:
+                    done = await run_turn(
+                        session,
+                        frame.turn,
+                        frame.message,
+                        tools,
+                        accepted_at=frame.started_at,
+                        journal=frame.journal,
+                        write=self._journal,
+                        run=frame.run,
+                        deltas=deltas,
+                        resume=frame.resume,
+                        decisions=frame.decisions,
+                    )
+                finally:
+                    deltas.close()
             await self.send(done)
             await session.apply_parked(turn=None)  # idle now: its boundary is now
         except Exception as exc:  # a loop bug must not take the other sessions down

@@ -23,6 +23,7 @@ import msgspec
 from agentd import events
 from agentd.approvals import ApprovalRequest, ApprovalRules, ApprovalStatus, Decision, ParkedRun, rejection_text
 from agentd.budget import TurnBudget, TurnStatus, Usage
+from agentd.child.deltas import DeltaStream
 from agentd.child.journal import OUTCOME_UNKNOWN, REPLAYED, JournalWrite, ToolLedger
 from agentd.child.session import ChildSession
 from agentd.child.toolbox import approval_ref
@@ -83,6 +84,8 @@ class _Attempt:
     tools: Mapping[str, AnyTool]
     ledger: ToolLedger
     restarts: int
+    run_index: int = 0  # 0 for the turn's first run, +1 for every re-run (restart-turn, or after a crash)
+    deltas: DeltaStream | None = None  # where the model's pieces go (None: not streamed)
     messages: list[Message] = field(default_factory=list)
     budget: TurnBudget | None = None
     waiting_for_intel: bool = False
@@ -149,13 +152,17 @@ class _Attempt:
             if (status := self.budget.before_step()) is not None:
                 return status
             step = self.budget.steps + 1
-            await self.session.emit(events.STEP_STARTED, self.turn, step=step, model=self.model)
+            await self.session.emit(events.STEP_STARTED, self.turn, step=step, model=self.model, run=self.run_index)
+            if self.deltas is not None:
+                self.deltas.begin(self.run_index, step, self.model)
             completion = await self._call_model()
             if isinstance(completion, TurnStatus):
                 return completion
             message = msgspec.structs.replace(
                 completion.message, model=completion.model, turn=self.turn, assistant=self.session.assistant
             )
+            if self.deltas is not None:  # the step's last deltas go before its step.done
+                await self.deltas.end_step(message.content, message.thinking)
             if not is_empty_assistant(message):
                 self.messages.append(message)
             over_budget = self.budget.after_step(completion.usage)
@@ -163,6 +170,7 @@ class _Attempt:
                 events.STEP_DONE,
                 self.turn,
                 step=step,
+                run=self.run_index,
                 model=completion.model,
                 usage=msgspec.to_builtins(completion.usage),
                 tool_calls=[c.name for c in message.tool_calls],
@@ -251,11 +259,13 @@ class _Attempt:
         tools = [tool.spec for tool in self.tools.values()] + transfer_tool_specs(self.session.assistant_config)
         while True:
             try:
-                completion = await self._complete(self.base + self.messages, tools, during="step")
+                completion = await self._complete(self.base + self.messages, tools, during="step", sink=self.deltas)
             except IntelError as exc:
                 if exc.kind is not IntelErrorKind.UNAVAILABLE:
                     self.error = str(exc)
                     return TurnStatus.FAILED
+                if self.deltas is not None:  # the call is made again: what it streamed is void
+                    self.deltas.reset("the model call is retried: no endpoint could serve it")
                 if not self.waiting_for_intel:
                     self.waiting_for_intel = True
                     await self.session.emit(events.INTEL_WAITING, self.turn, model=self.model, error=str(exc))
@@ -267,13 +277,16 @@ class _Attempt:
                 await self.session.emit(events.INTEL_RECOVERED, self.turn, model=completion.model)
             return completion
 
-    async def _complete(self, messages: list[Message], tools: Sequence[ToolSpec], *, during: str) -> Completion:
+    async def _complete(
+        self, messages: list[Message], tools: Sequence[ToolSpec], *, during: str, sink: DeltaStream | None = None
+    ) -> Completion:
         """One ``complete`` on the session's provider within the budget's deadline; an IntelError is logged."""
         request = CompletionRequest(
             messages=messages,
             tools=tools,
             options=self.session.current_intelligence.options,
             deadline=self.budget.deadline_at if self.budget else None,
+            sink=sink,
         )
         try:
             return await self.session.provider.complete(request)
@@ -454,6 +467,8 @@ async def run_turn(
     *,
     journal: Sequence[JournalEntry] = (),
     write: JournalWrite | None = None,
+    run: int = 0,
+    deltas: DeltaStream | None = None,
     resume: ParkedRun | None = None,
     decisions: Sequence[Decision] = (),
 ) -> TurnDone | TurnParked:
@@ -464,6 +479,8 @@ async def run_turn(
     from then, so a turn re-run after a crash does not get a fresh deadline. ``journal`` is what
     earlier runs of the turn journaled; ``write`` journals durably (None: in memory only).
     ``tools`` may be resolved when the turn starts (inside its cancel scope: a Cancel ends the wait).
+    ``run`` numbers this run of the turn (the supervisor counts earlier runs); each restart-turn
+    re-run here is the next. ``deltas`` streams the model's text (None: not streamed).
     ``resume`` is a run that parked, to go on from with ``decisions`` for its last step's calls.
     """
     started_at = time.time()
@@ -482,7 +499,7 @@ async def run_turn(
         scope = session.turn_scope or anyio.CancelScope()
         session.turn_scope = scope
         status: TurnStatus = TurnStatus.CANCELLED
-        attempt = _Attempt(session, turn, base, {}, ledger, restarts, accepted_at=accepted_at)
+        attempt = _Attempt(session, turn, base, {}, ledger, restarts, run, deltas, accepted_at=accepted_at)
         if resume is not None:
             attempt.resume(resume, decisions)
         parked: TurnParked | None = None
@@ -493,15 +510,17 @@ async def run_turn(
                     status = await attempt.run()
                     break
                 except _Park as park:
-                    run = attempt.parked(park.requests, usage + attempt.usage)
-                    parked = TurnParked(session=session.id, turn=turn, run=run, requests=park.requests)
+                    stopped = attempt.parked(park.requests, usage + attempt.usage)
+                    parked = TurnParked(session=session.id, turn=turn, run=stopped, requests=park.requests)
                     break
                 except _Restart:
                     # Switch to the fresh attempt before any await: a cancel from here on ends
                     # the turn with the discarded attempt already accounted for, never committed.
                     thrown_away, restarts = attempt, restarts + 1
                     usage = usage + thrown_away.usage
-                    attempt = _Attempt(session, turn, base, thrown_away.tools, ledger, restarts)
+                    attempt = _Attempt(
+                        session, turn, base, thrown_away.tools, ledger, restarts, thrown_away.run_index + 1, deltas
+                    )
                     with anyio.CancelScope(shield=True):
                         discarded.append(await _discard(session, thrown_away))
         if parked is not None and not scope.cancelled_caught:
@@ -574,5 +593,6 @@ async def _discard(session: ChildSession, attempt: _Attempt) -> Discarded:
         model_to=model_to,
         restarts=attempt.restarts + 1,
         discarded_steps=attempt.steps,
+        run=attempt.run_index + 1,  # every delta of run ``attempt.run_index`` is void; the re-run streams as this
     )
     return discarded

@@ -202,13 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=formatter,
         epilog=client_epilog,
         help="one user message; prints the reply",
-        description="Send one user message and print the reply. Without --session a new session is created and its id printed to stderr.",
+        description="Send one user message and print the reply (as it streams, on a terminal or with --stream). Without --session a new session is created and its id printed to stderr.",
     )
     send.add_argument("--session", metavar="S", help=f"session to talk in; default a new one {_twin('--session')}")
     send.add_argument(
         "--assistant", metavar="A", help=f"assistant for a new session (ignored with --session) {_twin('--assistant')}"
     )
     send.add_argument("--image", metavar="FILE", action="append", default=[], help="attach an image file (repeatable)")
+    send.add_argument(
+        "--stream",
+        action="store_true",
+        help="print the text as the model streams it even when stdout is not a terminal (on one it always is)",
+    )
     send.add_argument(
         "text", metavar="TEXT", nargs="+", help="the message (several words are joined by spaces; '-' reads stdin)"
     )

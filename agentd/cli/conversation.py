@@ -1,5 +1,5 @@
 """``agentd send`` and ``agentd chat``: a conversation from the terminal, and how a turn's events
-read there (RFC 0000 §4)."""
+read there (RFC 0000 §4). Text is printed as the model streams it (``agentd.cli.streaming``)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from agentd.cli.common import (
     to_json,
     twin_value,
 )
+from agentd.cli.streaming import DeltaPrinter
 from agentd.client import AgentdClient, ClientError, EventStream
 from agentd.views import Accepted, Entry, MessageResult, SessionView
 
@@ -65,8 +66,19 @@ def _read_images(paths: Sequence[str]) -> list[str]:
     return images
 
 
+def write(text: str) -> None:
+    """Write streamed text as it comes (no newline of our own), flushed at once."""
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
 def cmd_send(args: argparse.Namespace) -> int:
-    """``agentd send``: one waited message; the reply on stdout, a new session's id on stderr."""
+    """``agentd send``: one waited message; the reply on stdout, a new session's id on stderr.
+
+    On a terminal (or with ``--stream``) the text is printed as the model streams it; otherwise
+    stdout gets the reply alone, once the turn is done, for scripts to capture.
+    """
     text = _read_text(args)
     if not text.strip():
         raise UsageError("the message is empty")
@@ -78,34 +90,100 @@ def cmd_send(args: argparse.Namespace) -> int:
             session_id = session.id
             # The bare id alone on its line, so scripts can capture it.
             out(session_id, sys.stderr)
-        result = client.send_message(session_id, text, images=images or None, wait=True)
-    if isinstance(result, Accepted):  # only if the daemon ignored wait=true
-        err(f"the daemon did not wait for the turn; it runs as {result.turn_id}")
-        return 1
-    if result.approvals:  # the turn waits for a human (RFC 0011): say what, and how to decide
-        for approval in result.approvals:
-            err(
-                f"turn {result.turn.id} waits for approval {approval.id}: {approval.tool}({to_json(approval.arguments)})"
-            )
-        err("decide with `agentd approve ID` or `agentd reject ID --reason R`")
+        if getattr(args, "stream", False) or sys.stdout.isatty():
+            ended = _send_streaming(client, session_id, text, images)
+        else:
+            result = client.send_message(session_id, text, images=images or None, wait=True)
+            if isinstance(result, Accepted):  # only if the daemon ignored wait=true
+                err(f"the daemon did not wait for the turn; it runs as {result.turn_id}")
+                return 1
+            for approval in result.approvals or []:  # the turn waits for a human (RFC 0011)
+                err(
+                    f"turn {result.turn.id} waits for approval {approval.id}: {approval.tool}({to_json(approval.arguments)})"
+                )
+            replies = reply_entries(result.messages)
+            if replies:
+                out(replies[-1].content)
+            ended = ("awaiting_approval", None) if result.approvals else (result.turn.status, result.turn.error)
+    status, error = ended
+    if status == "awaiting_approval":
+        err("decide with `agentd approve ID` or `agentd reject ID --reason R` (`agentd approvals` lists them)")
         return 0
-    replies = reply_entries(result.messages)
-    if replies:
-        out(replies[-1].content)
-    turn = result.turn
-    if turn.status == "completed":
+    if status == "completed":
         return 0
-    if turn.status in OK_STATUSES:
-        out(f"({_turn_note(turn.status, turn.error)})", sys.stderr)
+    if status in OK_STATUSES:
+        out(f"({_turn_note(status, error)})", sys.stderr)
         return 0
-    err(_turn_note(turn.status, turn.error))
+    err(_turn_note(status, error))
     return 1
 
 
-def describe_event(name: str, data: Mapping[str, Any]) -> str | None:
+def _send_streaming(client: AgentdClient, session_id: str, text: str, images: list[str]) -> tuple[str, str | None]:
+    """Send one message and print its turn's text as it streams; (status, error) of the turn.
+
+    The reply is printed at the end only if it did not stream whole (a provider that does not
+    stream, a subscriber that came late); text taken back is marked (``DeltaPrinter``).
+    """
+    printer = DeltaPrinter()
+    with client.events(session_id) as stream:  # subscribed before posting: nothing is missed
+        answer = client.send_message(session_id, text, images=images or None, wait=False)
+        if isinstance(answer, MessageResult):
+            messages, status, error = answer.messages, answer.turn.status, answer.turn.error
+        else:
+            found = _follow_streaming(stream, answer.turn_id, printer)
+            if found is None:  # the stream ended early: the session has the outcome
+                turn_id = answer.turn_id
+                session = client.get_session(session_id)
+                record = next((t for t in session.turns if t.id == turn_id), None)
+                if record is None or record.status == "pending":
+                    return "pending", f"lost the event stream; turn {turn_id} is still running"
+                messages = [e for e in session.transcript if e.turn == turn_id]
+                status, error = record.status, record.error
+            else:
+                messages, status, error = found
+    write(printer.break_line())
+    replies = reply_entries(messages)
+    if replies and not printer.take_shown(replies[-1].content):
+        out(replies[-1].content)
+    return status, error
+
+
+def _follow_streaming(
+    stream: EventStream, turn_id: str, printer: DeltaPrinter
+) -> tuple[list[Entry], str, str | None] | None:
+    """Print the turn's streamed text until its ``turn.done``; its (messages, status, error), or
+    None when the stream ended first."""
+    try:
+        for name, data in stream:
+            if data.get("turn") != turn_id:
+                continue
+            write(printer.feed(name, data))
+            if name == events.APPROVAL_REQUESTED:  # it waits for a human (RFC 0011): say for what
+                write(printer.break_line())
+                err(
+                    f"turn {turn_id} waits for approval {data.get('approval')}: {data.get('tool')}({to_json(data.get('arguments', {}))})"
+                )
+                return [], "awaiting_approval", None
+            if name == events.TURN_DONE:
+                return _turn_messages(data), str(data.get("status")), data.get("error")
+    except ClientError as exc:
+        if exc.code != "stream_lost":
+            raise
+    return None
+
+
+def _turn_messages(data: Mapping[str, Any]) -> list[Entry]:
+    try:
+        return msgspec.convert(data.get("messages") or [], list[Entry])
+    except msgspec.ValidationError as exc:
+        raise ClientError(200, "bad_event", f"turn.done carries messages the client cannot read: {exc}") from None
+
+
+def describe_event(name: str, data: Mapping[str, Any], *, streamed: bool = False) -> str | None:
     """The line ``agentd chat`` prints for a session event, or None for events it does not show.
 
-    The final step's content is left out: it is the reply, printed once the turn is done.
+    The final step's content is left out: it is the reply, printed once the turn is done; so is a
+    step's content that was printed as it streamed (``streamed``).
     """
     match name:
         case events.TOOL_CALL:
@@ -135,7 +213,7 @@ def describe_event(name: str, data: Mapping[str, Any]) -> str | None:
             lines: list[str] = []
             if data.get("thinking"):
                 lines.append(f"  [thinking] {one_line(str(data['thinking']))}")
-            if data.get("tool_calls") and data.get("content"):
+            if data.get("tool_calls") and data.get("content") and not streamed:
                 lines.append(f"  [step {data.get('step')}, {data.get('model')}] {data['content']}")
             return "\n".join(lines) or None
         case events.SESSION_FAILED:
@@ -158,9 +236,10 @@ def _ask(prompt: str) -> str | None:
     return line or None
 
 
-def _print_reply(messages: Sequence[Entry], assistant: str) -> None:
+def _print_reply(messages: Sequence[Entry], assistant: str, printer: DeltaPrinter | None = None) -> None:
     for entry in reply_entries(messages):
-        out(f"{_speaker(entry, assistant)}: {entry.content}")
+        if printer is None or not printer.take_shown(entry.content):  # not printed as it streamed
+            out(f"{_speaker(entry, assistant)}: {entry.content}")
 
 
 def _print_turn_end(status: str | None, models: Sequence[str], restarts: int, error: str | None) -> None:
@@ -203,26 +282,25 @@ class _Chat:
 
     def _follow(self, stream: EventStream, turn_id: str) -> bool:
         """Print events until this turn is done; False if the stream ended first."""
+        printer = DeltaPrinter(lambda d: f"{self.assistant} ({d.get('model')}): ")
         for name, data in stream:
             if data.get("turn") not in (None, turn_id):
                 continue  # another turn's event (there is one turn at a time, so a stray)
             if name == events.TRANSFER and data.get("to"):
                 self.assistant = str(data["to"])
-            line = describe_event(name, data)
+            write(printer.feed(name, data))
+            line = describe_event(name, data, streamed=name == events.STEP_DONE and printer.streamed(data))
             if line:
+                write(printer.break_line())
                 out(line)
             if name == events.APPROVAL_REQUESTED:  # asked inline; the turn goes on once decided
                 ask_inline(self.client, data, _ask)
             if name == events.SESSION_FAILED:
+                write(printer.break_line())
                 return True
             if name == events.TURN_DONE and data.get("turn") == turn_id:
-                try:
-                    messages = msgspec.convert(data.get("messages") or [], list[Entry])
-                except msgspec.ValidationError as exc:
-                    raise ClientError(
-                        200, "bad_event", f"turn.done carries messages the client cannot read: {exc}"
-                    ) from None
-                _print_reply(messages, self.assistant)
+                write(printer.break_line())
+                _print_reply(_turn_messages(data), self.assistant, printer)
                 _print_turn_end(
                     data.get("status"),
                     list(data.get("models") or []),

@@ -1,7 +1,9 @@
 """The provider interface the child loop calls, and the factory that builds one from config.
 
 A provider turns a history plus tool specs into one assistant message (one ``complete`` — a step's
-model call, never torn). Providers are built from an ``Intelligence`` and rebuilt on every swap,
+model call, never torn). While it reads the answer it hands each piece of content and thinking to
+the request's ``sink`` as it arrives (RFC 0005 §7); the whole answer is still what ``complete``
+returns, validated at the end, so a stream cut short is a failed call, never a short answer. Providers are built from an ``Intelligence`` and rebuilt on every swap,
 so endpoint health starts fresh with the new intelligence.
 """
 
@@ -18,16 +20,39 @@ from agentd.config import Intelligence
 from agentd.messages import AssistantMessage, Message
 from agentd.tools import ToolSpec
 
-__all__ = ["Completion", "CompletionRequest", "IntelError", "IntelErrorKind", "Provider"]
+__all__ = ["Completion", "CompletionRequest", "IntelError", "IntelErrorKind", "Provider", "StreamSink"]
+
+
+class StreamSink(Protocol):
+    """Where a provider hands an answer's pieces as they arrive (RFC 0005 §7).
+
+    Calls never block and never fail the model call: the sink buffers, and whoever owns it sends
+    the pieces on at its own pace. ``reset`` says that the pieces handed so far are void: the call
+    is retried or failed over, and the answer starts again from nothing.
+    """
+
+    def content(self, text: str) -> None:
+        """A piece of the answer's content."""
+        ...
+
+    def thinking(self, text: str) -> None:
+        """A piece of the answer's thinking (reasoning)."""
+        ...
+
+    def reset(self, reason: str) -> None:
+        """Forget the pieces handed since the call (or the last reset) began: a new attempt starts."""
+        ...
 
 
 class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """One model call: the history to send, the tools offered, provider options, time left."""
+    """One model call: the history to send, the tools offered, provider options, time left, and
+    where to hand the answer's pieces as they stream (None: nobody listens)."""
 
     messages: Sequence[Message]
     tools: Sequence[ToolSpec] = ()
     options: dict[str, Any] = {}
     deadline: float | None = None  # anyio.current_time() by which the call must end
+    sink: StreamSink | None = None
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):

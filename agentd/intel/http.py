@@ -34,8 +34,9 @@ from agentd import __version__ as _agentd_version
 from agentd.causes import iter_causes
 from agentd.config import Intelligence
 from agentd.events import LOG_INTEL_ERROR, LOG_INTEL_FAILOVER
-from agentd.intel.base import Completion, CompletionRequest, IntelError, IntelErrorKind
+from agentd.intel.base import Completion, CompletionRequest, IntelError, IntelErrorKind, StreamSink
 from agentd.intel.endpoints import BreakerPolicy, Endpoints, RetryPolicy, backoff_delay, parse_retry_after
+from agentd.intel.pieces import TaggedSink
 from agentd.intel.wire import (
     CallOptions,
     ChatResult,
@@ -129,7 +130,7 @@ class HTTPProvider:
     def chat_body(self, request: CompletionRequest, options: Mapping[str, Any], stream: bool) -> dict[str, Any]:
         raise NotImplementedError
 
-    def stream_reader(self, id_prefix: str) -> StreamReader:
+    def stream_reader(self, id_prefix: str, sink: StreamSink | None = None) -> StreamReader:
         raise NotImplementedError
 
     def parse_body(self, raw: Any, id_prefix: str) -> ChatResult:
@@ -163,9 +164,15 @@ class HTTPProvider:
         # Generated tool-call ids depend on the history's length: stable for the same history,
         # unique across the steps of one transcript.
         id_prefix = f"call_{len(request.messages)}_"
+        sink, attempts = request.sink, 0
 
         async def attempt(endpoint: str) -> ChatResult:
-            return await self._chat_attempt(endpoint, body, call, id_prefix)
+            nonlocal attempts
+            if sink is not None and attempts:
+                # Pieces of the failed attempt went out: the answer starts again (RFC 0005 §7).
+                sink.reset("the model call is retried after a failure")
+            attempts += 1
+            return await self._chat_attempt(endpoint, body, call, id_prefix, TaggedSink(sink) if sink else None)
 
         result = await self._with_failover(attempt, request.deadline, "chat")
         return Completion(message=result.message, usage=result.usage, model=self.intelligence.model)
@@ -198,7 +205,9 @@ class HTTPProvider:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    async def _chat_attempt(self, endpoint: str, body: bytes, call: CallOptions, id_prefix: str) -> ChatResult:
+    async def _chat_attempt(
+        self, endpoint: str, body: bytes, call: CallOptions, id_prefix: str, sink: TaggedSink | None
+    ) -> ChatResult:
         timeout = httpx.Timeout(call.read_timeout, connect=call.connect_timeout)
         url = self.chat_url(endpoint)
         if not call.stream:
@@ -219,13 +228,16 @@ class HTTPProvider:
                     # A server (or proxy) that does not stream answered with one body: read it as one.
                     content = await response.aread()
                     return self._checked(lambda: self.parse_body(decode_json(content, "the response body"), id_prefix))
-                reader = self.stream_reader(id_prefix)
+                reader = self.stream_reader(id_prefix, sink)
                 chunks = response.aiter_bytes()
                 async for data in chunks:
                     if self._checked(functools.partial(reader.feed, data)):
                         await _drain(chunks)
                         break
-                return self._checked(reader.finish)
+                result = self._checked(reader.finish)
+                if sink is not None:
+                    sink.finish()  # the answer is whole: what the think-tag split held back goes out
+                return result
             finally:
                 with anyio.CancelScope(shield=True):  # release the connection even when cancelled
                     await response.aclose()

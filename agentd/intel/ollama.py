@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from agentd.intel.base import CompletionRequest
+from agentd.intel.base import CompletionRequest, StreamSink
 from agentd.intel.http import HTTPProvider, StreamReader, join_url
 from agentd.intel.streams import NDJSONSplitter
 from agentd.intel.wire import ChatResult, IncompleteStream, WireError
@@ -33,9 +33,9 @@ def _api_root(endpoint: str) -> str:
 class NDJSONReader:
     """NDJSON bytes → one answer (a StreamReader)."""
 
-    def __init__(self, id_prefix: str) -> None:
+    def __init__(self, id_prefix: str, sink: StreamSink | None = None) -> None:
         self._lines = NDJSONSplitter()
-        self._stream = OllamaStream(id_prefix=id_prefix)
+        self._stream = OllamaStream(id_prefix=id_prefix, sink=sink)
 
     def feed(self, data: bytes) -> bool:
         for line in self._lines.feed(data):
@@ -71,8 +71,8 @@ class OllamaProvider(HTTPProvider):
     def accept(self, stream: bool) -> str:
         return "application/x-ndjson" if stream else "application/json"
 
-    def stream_reader(self, id_prefix: str) -> StreamReader:
-        return NDJSONReader(id_prefix)
+    def stream_reader(self, id_prefix: str, sink: StreamSink | None = None) -> StreamReader:
+        return NDJSONReader(id_prefix, sink)
 
     def parse_body(self, raw: Any, id_prefix: str) -> ChatResult:
         return ollama_response(raw, id_prefix=id_prefix)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from agentd.intel.base import CompletionRequest
+from agentd.intel.base import CompletionRequest, StreamSink
 from agentd.intel.http import HTTPProvider, StreamReader, join_url
 from agentd.intel.wire import ChatResult, RemoteError, WireError, decode_json
 from agentd.intel.wire_openai import (
@@ -39,9 +39,9 @@ def _api_base(endpoint: str) -> str:
 class SSEReader:
     """SSE bytes → one answer (a StreamReader)."""
 
-    def __init__(self, id_prefix: str) -> None:
+    def __init__(self, id_prefix: str, sink: StreamSink | None = None) -> None:
         self._events = SSEParser()
-        self._stream = OpenAIStream(id_prefix=id_prefix)
+        self._stream = OpenAIStream(id_prefix=id_prefix, sink=sink)
         self._received = False
         self._any_event = False
 
@@ -91,8 +91,8 @@ class OpenAIProvider(HTTPProvider):
     def accept(self, stream: bool) -> str:
         return "text/event-stream" if stream else "application/json"
 
-    def stream_reader(self, id_prefix: str) -> StreamReader:
-        return SSEReader(id_prefix)
+    def stream_reader(self, id_prefix: str, sink: StreamSink | None = None) -> StreamReader:
+        return SSEReader(id_prefix, sink)
 
     def parse_body(self, raw: Any, id_prefix: str) -> ChatResult:
         return openai_response(raw, id_prefix=id_prefix)

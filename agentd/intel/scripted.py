@@ -17,8 +17,9 @@ How it decides, reading the history since the last user message (step k = assist
   system prompt (an opener: session start or a transfer), a greeting naming that prompt's assistant.
 
 Options (config ``options``): ``delay_ms`` per step, ``steps``, ``think`` (emit thinking),
-``loop``, and ``hold_file``: each step waits until that path exists (lets tests and demos hold a
-model call in flight for as long as they need, without timing guesses).
+``loop``, ``hold_file``: each step waits until that path exists (lets tests and demos hold a
+model call in flight for as long as they need, without timing guesses), and ``chunk_ms``: the
+reply streams (thinking, then content) in word-sized pieces, this long apart (RFC 0000 §10).
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ import msgspec
 
 from agentd.budget import Usage
 from agentd.config import TRANSFER_TOOL_PREFIX, Intelligence
-from agentd.intel.base import Completion, CompletionRequest, IntelError, IntelErrorKind
+from agentd.intel.base import Completion, CompletionRequest, IntelError, IntelErrorKind, StreamSink
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolCall, ToolResult, UserMessage
 from agentd.tools import ToolSpec
 
 __all__ = ["ScriptedOptions", "ScriptedProvider", "scripted_reply"]
 
 _HOLD_POLL_SECONDS = 0.02
+_PIECE_RE = re.compile(r"\s*\S+\s*|\s+")
 _CALL_TOOL_RE = re.compile(r"\bcall tool ([A-Za-z_][\w.-]*)(?:\s+(\{[^{}]*\}))?", re.IGNORECASE)
 
 
@@ -51,6 +53,12 @@ class ScriptedOptions(msgspec.Struct, frozen=True, kw_only=True):
     think: bool = False
     loop: bool = False
     hold_file: str | None = None
+    chunk_ms: int = 0
+
+
+def word_pieces(text: str) -> list[str]:
+    """``text`` in word-sized pieces (a word and the whitespace after it) that join back to it exactly."""
+    return _PIECE_RE.findall(text)
 
 
 def _words(text: str) -> int:
@@ -158,7 +166,20 @@ class ScriptedProvider:
                 await anyio.sleep(_HOLD_POLL_SECONDS)
         if self.options.delay_ms:
             await anyio.sleep(self.options.delay_ms / 1000)
-        return scripted_reply(self.intelligence.model, request.messages, request.tools, self.options)
+        completion = scripted_reply(self.intelligence.model, request.messages, request.tools, self.options)
+        await self._stream(completion.message, request.sink)
+        return completion
+
+    async def _stream(self, message: AssistantMessage, sink: StreamSink | None) -> None:
+        """Hand the reply out in word-sized pieces, ``chunk_ms`` apart (the pace does not depend on
+        whether anyone listens, so a watched session runs as fast as an unwatched one)."""
+        pieces = [("thinking", p) for p in word_pieces(message.thinking or "")]
+        pieces += [("content", p) for p in word_pieces(message.content)]
+        for n, (kind, piece) in enumerate(pieces):
+            if n and self.options.chunk_ms:
+                await anyio.sleep(self.options.chunk_ms / 1000)
+            if sink is not None:
+                (sink.thinking if kind == "thinking" else sink.content)(piece)
 
     async def aclose(self) -> None:
         return None

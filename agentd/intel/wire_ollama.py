@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from agentd.intel.base import StreamSink
 from agentd.intel.wire import (
     ChatResult,
     IncompleteStream,
@@ -201,8 +202,9 @@ class OllamaStream:
     raises IncompleteStream. An ``{"error": …}`` line (sent with HTTP 200) raises RemoteError.
     """
 
-    def __init__(self, *, id_prefix: str = "call_") -> None:
+    def __init__(self, *, id_prefix: str = "call_", sink: StreamSink | None = None) -> None:
         self._id_prefix = id_prefix
+        self._sink = sink  # handed each piece of content and thinking as it arrives
         self._content: list[str] = []
         self._thinking: list[str] = []
         self._calls: list[OllamaToolCall] = []
@@ -238,8 +240,12 @@ class OllamaStream:
         if chunk.message is not None:
             if chunk.message.content:
                 self._content.append(chunk.message.content)
+                if self._sink is not None:
+                    self._sink.content(chunk.message.content)
             if chunk.message.thinking:
                 self._thinking.append(chunk.message.thinking)
+                if self._sink is not None:
+                    self._sink.thinking(chunk.message.thinking)
             self._calls.extend(chunk.message.tool_calls or [])
         if chunk.done:
             self._final = chunk

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from agentd.intel.base import StreamSink
 from agentd.intel.wire import (
     ChatResult,
     IncompleteStream,
@@ -272,8 +273,9 @@ class OpenAIStream:
     once it has a finish_reason or ``[DONE]``; ``result()`` before that raises IncompleteStream.
     """
 
-    def __init__(self, *, id_prefix: str = "call_") -> None:
+    def __init__(self, *, id_prefix: str = "call_", sink: StreamSink | None = None) -> None:
         self._id_prefix = id_prefix
+        self._sink = sink  # handed each piece of content and reasoning as it arrives
         self._content: list[str] = []
         self._thinking: list[str] = []
         self._calls: dict[int, _PartialCall] = {}
@@ -327,12 +329,15 @@ class OpenAIStream:
         if delta is None:
             return
         text, _ = _text_and_images(delta.content)
+        text = text or delta.refusal or ""
         if text:
             self._content.append(text)
-        elif delta.refusal:
-            self._content.append(delta.refusal)
-        if delta.reasoning_content or delta.reasoning:
-            self._thinking.append(delta.reasoning_content or delta.reasoning or "")
+            if self._sink is not None:
+                self._sink.content(text)
+        if reasoning := delta.reasoning_content or delta.reasoning:
+            self._thinking.append(reasoning)
+            if self._sink is not None:
+                self._sink.thinking(reasoning)
         for fragment in delta.tool_calls or []:
             self._take_fragment(fragment)
 

@@ -55,6 +55,7 @@ __all__ = [
     "IdempotencyRecord",
     "Lease",
     "LeaseLost",
+    "ReloadRow",
     "ReplicaRow",
     "Store",
     "StoreError",
@@ -218,6 +219,20 @@ class IdempotencyRecord(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: float
 
 
+class ReloadRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One reload as the history keeps it (RFC 0000 §6, ``GET /v1/reloads``): the generation it left
+    running, when (epoch seconds), whether it was applied, its errors as (path, message) pairs,
+    the changed field paths, how many sessions it swapped, and the replica that ran it."""
+
+    generation: int
+    at: float
+    applied: bool
+    errors: tuple[tuple[str, str], ...] = ()
+    changed: tuple[str, ...] = ()
+    swapped_total: int = 0
+    replica: str = ""
+
+
 class Store(abc.ABC):
     """The durable store of the supervisor; open one with ``agentd.store.open_store``.
 
@@ -292,10 +307,14 @@ class Store(abc.ABC):
         """The session's active transcript in order; ``exclude_turn``'s entries left out (its input re-runs)."""
 
     @abc.abstractmethod
-    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[StoredSession]:
+    async def list_sessions(
+        self, *, limit: int = 100, after: str | None = None, state: str | None = None, assistant: str | None = None
+    ) -> list[StoredSession]:
         """One page of sessions (closed ones included) in creation order, newest last; transcript/turns empty.
 
         ``after`` is the id of the last session of the previous page. UnknownSession if it is unknown.
+        ``state`` keeps the sessions in that state as their rows have it (``running`` while a turn
+        is pending), ``assistant`` those on that assistant.
         """
 
     @abc.abstractmethod
@@ -544,6 +563,14 @@ class Store(abc.ABC):
     async def beat(self, replica: str, *, generation: int, sessions: int) -> ReplicaRow:
         """Record that ``replica`` is alive now, running ``generation`` and owning ``sessions``
         sessions (its row is created or replaced); the row as stored, ``seen_at`` by the store's clock."""
+
+    @abc.abstractmethod
+    async def record_reload(self, reload: ReloadRow, *, keep: int) -> None:
+        """Add ``reload`` to the reload history, keeping only the newest ``keep`` reloads."""
+
+    @abc.abstractmethod
+    async def reloads(self, limit: int) -> list[ReloadRow]:
+        """The newest ``limit`` reloads of the history, newest first."""
 
     @abc.abstractmethod
     async def live_replicas(self, max_age: float) -> list[ReplicaRow]:

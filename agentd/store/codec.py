@@ -49,6 +49,7 @@ _message_decoder = msgspec.json.Decoder(Message)
 _discarded_decoder = msgspec.json.Decoder(tuple[Discarded, ...])
 _models_decoder = msgspec.json.Decoder(tuple[str, ...])
 _arguments_decoder = msgspec.json.Decoder(dict[str, Any])
+_reload_errors_decoder = msgspec.json.Decoder(tuple[tuple[str, str], ...])
 
 
 def encode_message(message: Message) -> str:
@@ -68,6 +69,16 @@ def encode_json(value: object) -> str:
 
 def decode_models(text: str) -> tuple[str, ...]:
     return _models_decoder.decode(text)
+
+
+def decode_strings(text: str) -> tuple[str, ...]:
+    """A JSON list of strings (a reload's changed paths)."""
+    return _models_decoder.decode(text)
+
+
+def decode_reload_errors(text: str) -> tuple[tuple[str, str], ...]:
+    """A reload's errors: (path, message) pairs."""
+    return _reload_errors_decoder.decode(text)
 
 
 def decode_arguments(text: str) -> dict[str, Any]:

@@ -40,9 +40,13 @@ Versions:
    its answer once given; until ``expires_at`` (epoch seconds by the store's clock), after which
    claims delete it. ``turns_id``: a turn is found by its id alone (the OpenAI-compatible routes
    name a response by its turn).
-9. Approvals (RFC 0011 §4): ``approvals``, one row per tool call a human decides on (its status
-   changes once, from ``pending``), and ``parked_turns``, the run of a pending turn that stopped
-   for them (JSON), deleted by the transaction that ends the turn.
+9. ``reloads``: the reload history (RFC 0000 §6, ``GET /v1/reloads``), one row per reload a
+   replica ran — the generation it left running, when, applied or not, its errors and changed
+   paths (JSON lists), how many sessions it swapped, which replica. Bounded: each insert deletes
+   the rows older than the newest 1000 (``n``, the insertion order).
+10. Approvals (RFC 0011 §4): ``approvals``, one row per tool call a human decides on (its status
+    changes once, from ``pending``), and ``parked_turns``, the run of a pending turn that stopped
+    for them (JSON), deleted by the transaction that ends the turn.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from __future__ import annotations
 __all__ = ["POSTGRES", "SCHEMA_VERSION", "SQLITE"]
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -166,6 +170,20 @@ SQLITE: dict[int, tuple[str, ...]] = {
         "CREATE INDEX turns_id ON turns (id)",
     ),
     9: (
+        """
+        CREATE TABLE reloads (
+            n              INTEGER PRIMARY KEY,
+            generation     INTEGER NOT NULL,
+            at             REAL NOT NULL,
+            applied        INTEGER NOT NULL CHECK (applied IN (0, 1)),
+            errors         TEXT NOT NULL DEFAULT '[]',
+            changed        TEXT NOT NULL DEFAULT '[]',
+            swapped_total  INTEGER NOT NULL DEFAULT 0,
+            replica        TEXT NOT NULL DEFAULT ''
+        )
+        """,
+    ),
+    10: (
         """
         CREATE TABLE approvals (
             n             INTEGER PRIMARY KEY,
@@ -318,6 +336,20 @@ POSTGRES: dict[int, tuple[str, ...]] = {
         "CREATE INDEX turns_id ON turns (id)",
     ),
     9: (
+        """
+        CREATE TABLE reloads (
+            n              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            generation     BIGINT NOT NULL,
+            at             DOUBLE PRECISION NOT NULL,
+            applied        BOOLEAN NOT NULL,
+            errors         TEXT NOT NULL DEFAULT '[]',
+            changed        TEXT NOT NULL DEFAULT '[]',
+            swapped_total  BIGINT NOT NULL DEFAULT 0,
+            replica        TEXT NOT NULL DEFAULT ''
+        )
+        """,
+    ),
+    10: (
         """
         CREATE TABLE approvals (
             n             BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -23,7 +23,6 @@ from agentd.store.approval_ops import AWAITING, end_approvals
 from agentd.store.base import (
     ORPHANS,
     CommittedTurn,
-    IdempotencyRecord,
     Lease,
     ReplicaRow,
     StoredEntry,
@@ -131,19 +130,30 @@ def transcript(session_id: str, exclude_turn: str | None) -> Op[list[Message]]:
     return [codec.decode_message(row["message"]) for row in rows]
 
 
-def list_sessions(limit: int, after: str | None) -> Op[list[StoredSession]]:
-    """``Store.list_sessions``: one page in creation order (``{order}``), with each session's turn count."""
+def list_sessions(
+    limit: int, after: str | None, state: str | None = None, assistant: str | None = None
+) -> Op[list[StoredSession]]:
+    """``Store.list_sessions``: one page in creation order (``{order}``), with each session's turn count,
+    of the sessions in ``state`` (checked before) on ``assistant`` when given."""
     start = 0
     if after is not None:
         row = yield from fetch_one("SELECT {order} AS n FROM sessions WHERE id = :id", id=after)
         if row is None:
             raise UnknownSession(f"no session {after!r} to page after")
         start = row["n"]
+    where, params = "", dict[str, Any]()
+    if state is not None:
+        where += " AND state = :state"
+        params["state"] = state
+    if assistant is not None:
+        where += " AND assistant = :assistant"
+        params["assistant"] = assistant
     rows = yield from fetch_all(
         f"SELECT {SESSION_COLUMNS}, (SELECT COUNT(*) FROM turns WHERE turns.session = sessions.id) AS turns"
-        " FROM sessions WHERE {order} > :start ORDER BY {order} LIMIT :limit",
+        f" FROM sessions WHERE {{order}} > :start{where} ORDER BY {{order}} LIMIT :limit",
         start=start,
         limit=limit,
+        **params,
     )
     return [msgspec.structs.replace(session_from_row(row), turn_count=row["turns"]) for row in rows]
 
@@ -585,89 +595,4 @@ def unwatch(replica: str, sessions: Sequence[str]) -> Op[None]:
     yield from execute_many(
         "DELETE FROM watches WHERE replica = :replica AND session = :session",
         [{"replica": replica, "session": session} for session in sessions],
-    )
-
-
-# --------------------------------------------------------------------------- idempotency keys (RFC 0010 §2)
-
-_IDEMPOTENCY_COLUMNS = "scope, key, fingerprint, owner, session, turn, status, answer, headers, created_at, expires_at"
-
-
-def _idempotency_from_row(row: Row) -> IdempotencyRecord:
-    return IdempotencyRecord(
-        scope=row["scope"],
-        key=row["key"],
-        fingerprint=row["fingerprint"],
-        owner=row["owner"],
-        session=row["session"],
-        turn=row["turn"],
-        status=row["status"],
-        answer=row["answer"],
-        headers=msgspec.json.decode(row["headers"], type=dict[str, str]),
-        created_at=float(row["created_at"]),
-        expires_at=float(row["expires_at"]),
-    )
-
-
-def idempotency_claim(
-    scope: str, key: str, fingerprint: str, owner: str, session: str | None, turn: str | None, ttl: float
-) -> Op[IdempotencyRecord | None]:
-    """``Store.idempotency_claim``: None once the key is claimed for ``owner``, else the record that
-    holds it (an unexpired one). Every expired record is deleted first."""
-    yield from execute("DELETE FROM idempotency WHERE expires_at <= {now}")
-    inserted = yield from execute(
-        "INSERT INTO idempotency (scope, key, fingerprint, owner, session, turn, created_at, expires_at)"
-        " VALUES (:scope, :key, :fingerprint, :owner, :session, :turn, {now}, {now} + :ttl)"
-        " ON CONFLICT (scope, key) DO NOTHING",
-        scope=scope,
-        key=key,
-        fingerprint=fingerprint,
-        owner=owner,
-        session=session,
-        turn=turn,
-        ttl=float(ttl),
-    )
-    if inserted:
-        return None
-    row = yield from fetch_one(
-        f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE scope = :scope AND key = :key", scope=scope, key=key
-    )
-    assert row is not None  # the conflict was with it, in this very transaction
-    return _idempotency_from_row(row)
-
-
-def idempotency_take_over(scope: str, key: str, owner: str, previous: str | None) -> Op[bool]:
-    """``Store.idempotency_take_over``: ``owner`` answers the key now, if ``previous`` still held
-    it and no answer was stored."""
-    held = "owner IS NULL" if previous is None else "owner = :previous"  # a NULL parameter has no type
-    taken = yield from execute(
-        f"UPDATE idempotency SET owner = :owner WHERE scope = :scope AND key = :key AND status IS NULL AND {held}",
-        owner=owner,
-        scope=scope,
-        key=key,
-        previous=previous,
-    )
-    return bool(taken)
-
-
-def idempotency_release(scope: str, key: str, owner: str) -> Op[None]:
-    """``Store.idempotency_release``: ``owner`` no longer answers the key (no answer was stored)."""
-    yield from execute(
-        "UPDATE idempotency SET owner = NULL WHERE scope = :scope AND key = :key AND owner = :owner",
-        scope=scope,
-        key=key,
-        owner=owner,
-    )
-
-
-def idempotency_answer(scope: str, key: str, status: int, answer: str, headers: str) -> Op[None]:
-    """``Store.idempotency_answer``: the answer a later request with the key is given, for good."""
-    yield from execute(
-        "UPDATE idempotency SET status = :status, answer = :answer, headers = :headers, owner = NULL"
-        " WHERE scope = :scope AND key = :key",
-        status=status,
-        answer=answer,
-        headers=headers,
-        scope=scope,
-        key=key,
     )

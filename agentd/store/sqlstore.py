@@ -23,13 +23,14 @@ from agentd.budget import TurnStatus
 from agentd.messages import Message, UserMessage
 from agentd.obs import get_logger
 from agentd.records import JournalEntry, SessionState, StartedTurn, TurnRecord
-from agentd.store import approval_ops, codec
+from agentd.store import approval_ops, codec, history, keys
 from agentd.store import operations as ops
 from agentd.store.base import (
     CommittedTurn,
     IdempotencyRecord,
     Lease,
     ParkResult,
+    ReloadRow,
     ReplicaRow,
     Store,
     StoredEntry,
@@ -116,8 +117,12 @@ class SqlStore(Store):
         op = ops.transcript(session_id, exclude_turn)
         return await self._read(f"read transcript of session {session_id}", op)
 
-    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[StoredSession]:
-        return await self._read("list sessions", ops.list_sessions(limit, after))
+    async def list_sessions(
+        self, *, limit: int = 100, after: str | None = None, state: str | None = None, assistant: str | None = None
+    ) -> list[StoredSession]:
+        codec.check_state(state, "cannot list sessions")
+        assistant = self.dialect.text(assistant) if assistant is not None else None
+        return await self._read("list sessions", ops.list_sessions(limit, after, state, assistant))
 
     async def interrupted_turns(self) -> list[tuple[StoredSession, StartedTurn]]:
         return await self._read("list interrupted turns", ops.interrupted_turns())
@@ -357,6 +362,20 @@ class SqlStore(Store):
         op = ops.beat(replica, generation, sessions)
         return await self._write(f"record replica {replica}", op, durable=False)
 
+    async def record_reload(self, reload: ReloadRow, *, keep: int) -> None:
+        if keep < 1:
+            raise StoreError(f"cannot record a reload: keep must be at least 1, not {keep}")
+        text = self.dialect.text
+        stored = msgspec.structs.replace(
+            reload,
+            errors=tuple((text(path), text(message)) for path, message in reload.errors),
+            changed=tuple(text(path) for path in reload.changed),
+        )
+        await self._write(f"record the reload to generation {reload.generation}", history.record_reload(stored, keep))
+
+    async def reloads(self, limit: int) -> list[ReloadRow]:
+        return await self._read("read the reload history", history.reloads(limit))
+
     async def live_replicas(self, max_age: float) -> list[ReplicaRow]:
         return await self._read("read the live replicas", ops.live_replicas(max_age))
 
@@ -387,18 +406,18 @@ class SqlStore(Store):
             raise StoreError(
                 f"cannot claim idempotency key {key!r}: its ttl must be more than 0 and at most {codec.MAX_TTL:g} s"
             )
-        op = ops.idempotency_claim(scope, key, fingerprint, owner, session, turn, ttl)
+        op = keys.idempotency_claim(scope, key, fingerprint, owner, session, turn, ttl)
         return await self._write(f"claim idempotency key {key!r}", op)
 
     async def idempotency_take_over(self, scope: str, key: str, *, owner: str, previous: str | None) -> bool:
-        op = ops.idempotency_take_over(scope, key, owner, previous)
+        op = keys.idempotency_take_over(scope, key, owner, previous)
         return await self._write(f"take over idempotency key {key!r}", op)
 
     async def idempotency_release(self, scope: str, key: str, *, owner: str) -> None:
-        await self._write(f"release idempotency key {key!r}", ops.idempotency_release(scope, key, owner))
+        await self._write(f"release idempotency key {key!r}", keys.idempotency_release(scope, key, owner))
 
     async def idempotency_answer(
         self, scope: str, key: str, *, status: int, answer: str, headers: dict[str, str]
     ) -> None:
-        op = ops.idempotency_answer(scope, key, status, self.dialect.text(answer), codec.encode_json(headers))
+        op = keys.idempotency_answer(scope, key, status, self.dialect.text(answer), codec.encode_json(headers))
         await self._write(f"keep the answer of idempotency key {key!r}", op)

@@ -45,6 +45,7 @@ from agentd.views import (
     MessageResult,
     PostMessage,
     ReloadResult,
+    ReloadView,
     SessionSummary,
     SessionView,
     StatusView,
@@ -84,7 +85,9 @@ class Supervisor:
             env=self.running.child_env,
             owner=self.runner,
         )
-        self.reloader = Reloader(running=self.running, store=store, sessions=self.sessions, pool=self.pool)
+        self.reloader = Reloader(
+            running=self.running, store=store, sessions=self.sessions, pool=self.pool, replica=self.membership.name
+        )
         self.turns = Turns(
             store=store,
             running=self.running,
@@ -225,9 +228,15 @@ class Supervisor:
             assistant_name, session_id=session_id, resumed=resumed, seeded=seeded, opener=opener
         )
 
-    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]:
+    async def list_sessions(
+        self, *, limit: int = 100, after: str | None = None, state: str | None = None, assistant: str | None = None
+    ) -> list[SessionSummary]:
         """One page of sessions (``Operations.list_sessions``)."""
-        return await self.operations.list_sessions(limit=limit, after=after)
+        return await self.operations.list_sessions(limit=limit, after=after, state=state, assistant=assistant)
+
+    async def reloads(self, limit: int = 100) -> list[ReloadView]:
+        """The reload history, newest first (``Operations.reloads``)."""
+        return await self.operations.reloads(limit)
 
     async def get_session(self, session_id: str) -> SessionView:
         """The session with its transcript (``Operations.get_session``)."""

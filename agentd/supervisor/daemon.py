@@ -46,6 +46,7 @@ from agentd.config import (
     StoreSettings,
     resolve_swap_policy,
 )
+from agentd.console import build_console
 from agentd.environment import register_secrets
 from agentd.obs import configure_logging, get_logger
 from agentd.statedir import resolve_state_dir
@@ -371,7 +372,8 @@ async def _run(
     except OSError as exc:
         return _fail(f"cannot start: {exc}", EXIT_RUNTIME), False
     await supervisor.start(tg)
-    api.serve(build_app(supervisor), tg)
+    # The console is the TCP listener's (it authorizes with a cookie keyed by the token, RFC 0000 §12).
+    api.serve(build_app(supervisor, console=build_console(supervisor, api.token) if listen else None), tg)
     if watch is not None:
         tg.start_soon(_watch_config, supervisor, watch, config_seen)
     log.info(

@@ -10,6 +10,7 @@ hot sessions no child holds itself. Reloads are serialized and coalesced by the
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
@@ -18,7 +19,8 @@ from agentd import events
 from agentd.config import Config, ConfigError, ConfigIssue, Intelligence, intelligence_map, resolve_swap_policy
 from agentd.environment import register_secrets
 from agentd.obs import get_logger
-from agentd.store import Store, StoreError
+from agentd.redact import SECRETS
+from agentd.store import ReloadRow, Store, StoreError
 from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Fanout, Pool
 from agentd.supervisor.reload import ReloadCoordinator, plan_reload, sessions_to_swap
@@ -27,7 +29,7 @@ from agentd.supervisor.session import SessionTable
 from agentd.swap import classify_swap
 from agentd.views import ReloadResult
 
-__all__ = ["ACK_WAIT", "SWAPPED_LIST_MAX", "Reloader"]
+__all__ = ["ACK_WAIT", "RELOAD_HISTORY_KEEP", "SWAPPED_LIST_MAX", "Reloader", "reload_row"]
 
 log = get_logger("supervisor")
 
@@ -36,17 +38,36 @@ SWAPPED_LIST_MAX = 100
 #: How long a reload waits for its children's acks before its per-session bookkeeping (a hung child
 #: is the ping's to find, RFC 0006 §9).
 ACK_WAIT = 1.0
+#: The reload history (``GET /v1/reloads``) keeps this many reloads, the newest.
+RELOAD_HISTORY_KEEP = 1000
+
+
+def reload_row(result: ReloadResult, *, at: float, replica: str) -> ReloadRow:
+    """The history's row of a reload's result; its errors scrubbed of secret values (a config
+    issue may quote the value it refuses)."""
+    return ReloadRow(
+        generation=result.generation,
+        at=at,
+        applied=result.applied,
+        errors=tuple((SECRETS.scrub(i.path), SECRETS.scrub(i.message)) for i in result.errors),
+        changed=tuple(result.changed),
+        swapped_total=result.swapped_total,
+        replica=replica,
+    )
 
 
 class Reloader:
     """Applies reloads to what runs, and fans each new generation out to the children."""
 
-    def __init__(self, *, running: Running, store: Store, sessions: SessionTable, pool: Pool) -> None:
+    def __init__(
+        self, *, running: Running, store: Store, sessions: SessionTable, pool: Pool, replica: str = ""
+    ) -> None:
         self.running = running
         self.store = store
         self.sessions = sessions
         self.pool = pool
-        self.reloads: ReloadCoordinator[ReloadResult] = ReloadCoordinator(self._reload)
+        self.replica = replica  # this replica's id, as the reload history names it
+        self.reloads: ReloadCoordinator[ReloadResult] = ReloadCoordinator(self._reload_and_record)
         self._newest: Fanout | None = None  # the newest reload's broadcast, until every child acked it
         # Called with the assistants whose intelligence a reload changed, once it fanned out
         # (turns awaiting approval under restart-turn re-run, RFC 0011 §5).
@@ -63,6 +84,17 @@ class Reloader:
                 applied=False,
                 errors=[ConfigIssue("", f"internal error: {type(exc).__name__}: {exc}")],
             )
+
+    async def _reload_and_record(self) -> ReloadResult:
+        """One reload, then its row in the reload history (a store that fails loses the row, never the reload)."""
+        result = await self._reload()
+        try:
+            await self.store.record_reload(
+                reload_row(result, at=time.time(), replica=self.replica), keep=RELOAD_HISTORY_KEEP
+            )
+        except StoreError as exc:
+            log.warning(events.LOG_CONFIG_RELOAD_UNRECORDED, generation=result.generation, error=str(exc))
+        return result
 
     async def _reload(self) -> ReloadResult:
         running = self.running

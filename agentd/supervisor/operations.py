@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from typing import TypeVar, get_args
 
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from agentd import __version__, events
 from agentd.budget import TurnStatus
-from agentd.config import effective_intelligence
+from agentd.config import ConfigIssue, effective_intelligence
 from agentd.errors import BadInput, Conflict, Draining, NotFound, ServiceError, StoreDown, store_failure
 from agentd.messages import Message, UserMessage
 from agentd.obs import get_logger
@@ -42,6 +42,7 @@ from agentd.views import (
     MessageResult,
     PolicyView,
     PostMessage,
+    ReloadView,
     ReplicaView,
     SessionCounts,
     SessionSummary,
@@ -56,6 +57,9 @@ __all__ = ["Operations"]
 
 log = get_logger("supervisor")
 T = TypeVar("T")
+
+#: The states a session can be listed by (``GET /v1/sessions?state=``).
+SESSION_STATES: tuple[str, ...] = get_args(SessionState)
 
 
 class Operations:
@@ -136,6 +140,22 @@ class Operations:
         metrics.children.set(sum(1 for c in self.pool.children.values() if c.pid is not None))
         await self.approvals.pending()  # sets agentd_approvals_pending
         return metrics.render()
+
+    async def reloads(self, limit: int = 100) -> list[ReloadView]:
+        """The newest ``limit`` reloads of every replica on the store, newest first (RFC 0000 §6)."""
+        rows = await self._store(self.store.reloads(limit))
+        return [
+            ReloadView(
+                generation=row.generation,
+                at=iso(row.at) or "",
+                applied=row.applied,
+                errors=[ConfigIssue(path, message) for path, message in row.errors],
+                changed=list(row.changed),
+                swapped_total=row.swapped_total,
+                replica=row.replica,
+            )
+            for row in rows
+        ]
 
     def ready(self) -> list[str]:
         """Reasons the daemon is not ready (empty = ready)."""
@@ -224,10 +244,15 @@ class Operations:
                 f"the store failed while creating the session, and may have created it as {session_id}: {failure}"
             ) from None
 
-    async def list_sessions(self, *, limit: int = 100, after: str | None = None) -> list[SessionSummary]:
-        """One page of sessions in creation order (newest last), as the supervisor sees them now."""
+    async def list_sessions(
+        self, *, limit: int = 100, after: str | None = None, state: str | None = None, assistant: str | None = None
+    ) -> list[SessionSummary]:
+        """One page of sessions in creation order (newest last), as the supervisor sees them now;
+        only those in ``state`` (as the store has it) and on ``assistant``, when given."""
+        if state is not None and state not in SESSION_STATES:
+            raise BadInput(f"state must be one of {', '.join(SESSION_STATES)}, not {state!r}", code="bad_state")
         try:
-            page = await self.store.list_sessions(limit=limit, after=after)
+            page = await self.store.list_sessions(limit=limit, after=after, state=state, assistant=assistant)
         except UnknownSession as exc:
             raise BadInput(str(exc), code="bad_cursor") from None
         except StoreError as exc:
@@ -236,14 +261,14 @@ class Operations:
         awaiting = await self._store(self.store.awaiting_sessions(cold)) if cold else set()
         summaries = []
         for stored in page:
-            assistant, state, generation, model = self._effective(stored)
+            on, shown, generation, model = self._effective(stored)
             if stored.id in awaiting:
-                state = "awaiting_approval"  # its turn waits for approvals (RFC 0011); not hot here
+                shown = "awaiting_approval"  # its turn waits for approvals (RFC 0011); not hot here
             summaries.append(
                 SessionSummary(
                     id=stored.id,
-                    assistant=assistant,
-                    state=state,
+                    assistant=on,
+                    state=shown,
                     generation=generation,
                     model=model,
                     turns=stored.turn_count,
@@ -395,6 +420,7 @@ class Operations:
             return
         if not runtime.watched:
             self.membership.unwatched(runtime.id)
+            self.turns.stop_streaming(runtime)
         self.sessions.evict_if_cold(runtime)
 
     async def cancel(self, session_id: str) -> str:

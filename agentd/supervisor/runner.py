@@ -208,6 +208,11 @@ class TurnRunner:
                 message=turn.message,
                 started_at=turn.budget_start,
                 watched=runtime.watched or self.watched_elsewhere(runtime.id),
+                # Every earlier run — on a child that died, or thrown away by restart-turn — is void
+                # for clients; this one streams under the next number (RFC 0005 §7). A turn this
+                # process did not accept (resumed at start-up, adopted from a dead replica) may have
+                # streamed elsewhere before: its runs here count from 1.
+                run=turn.runs - 1 + turn.discards + (0 if turn.fresh else 1),
                 journal=journal,
                 resume=turn.resume[0] if turn.resume is not None else None,
                 decisions=turn.resume[1] if turn.resume is not None else [],
@@ -448,6 +453,8 @@ class TurnRunner:
             return
         match frame:
             case Event(name=name, turn=turn, data=data):
+                if name in (events.DELTA, events.STEP_RESET):
+                    self.metrics.delta_frames.labels(event=name).inc()
                 if name in (events.INTEL_WAITING, events.INTEL_RECOVERED):
                     runtime.waiting_for_intel(name == events.INTEL_WAITING)
                 if not runtime.held(name, turn, data):  # after a TurnDone being committed: keep the order
@@ -461,7 +468,7 @@ class TurnRunner:
             case TurnDiscarded(turn=turn, attempt=attempt):
                 runtime.log.info(events.LOG_TURN_DISCARDED, turn=turn, model=attempt.model, steps=attempt.steps)
                 if runtime.pending is not None and runtime.pending.id == turn:
-                    runtime.pending.fresh_budget()
+                    runtime.pending.restarted_on_child()
             case JournalStart() | JournalFinish():
                 assert self._tg is not None
                 # Written in a task of its own (the child's other frames keep flowing), counted on the

@@ -56,6 +56,7 @@ class PendingTurn:
     lost: anyio.Event = field(default_factory=anyio.Event)  # that child ended before the turn did
     crashed: bool = False  # ... and it was a crash (not a stop the pool asked for)
     runs: int = 0  # how many times it was delivered to a child
+    discards: int = 0  # attempts its children threw away (restart-turn): each was a run of its own
     # Accepted by this process just now (not resumed or adopted from the store): before its first
     # run nothing can have been journaled for it, so that run reads no journal.
     fresh: bool = False
@@ -133,9 +134,11 @@ class PendingTurn:
         self.record = record
         return True
 
-    def fresh_budget(self) -> None:
-        """A restart-turn re-runs it with a fresh budget: its deadline counts from now."""
+    def restarted_on_child(self) -> None:
+        """Its child discarded a run (restart-turn): the re-run is a run of its own, with a fresh
+        budget (its deadline counts from now)."""
         self.budget_start = time.time()
+        self.discards += 1
 
     def journal_write_begins(self) -> None:
         """A journal frame of this turn is being written (a re-run waits for it: ``journal_quiet``)."""

@@ -23,9 +23,10 @@ from agentd.budget import TurnStatus
 from agentd.errors import NotEnded, StoreDown, StoreFull, TurnRefused, store_failure
 from agentd.messages import UserMessage
 from agentd.obs import get_logger
-from agentd.protocol import Cancel
+from agentd.protocol import Cancel, Watch
 from agentd.records import StartedTurn, TurnRecord
 from agentd.store import Store, StoredSession, StoreError, StoreUnavailable
+from agentd.supervisor.child import Child
 from agentd.supervisor.membership import Membership
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.runner import TurnRunner
@@ -288,6 +289,21 @@ class Turns:
         else:  # not on a child yet (waiting for one, or being loaded): it ends now and never starts
             await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled before it started")
         return turn.id
+
+    def stop_streaming(self, runtime: SessionRuntime) -> None:
+        """The session's last subscriber here left: its child stops streaming the turn in flight
+        (deltas and progress events, RFC 0005 §8) unless someone watches it elsewhere."""
+        child = runtime.pending.child if runtime.pending is not None else None
+        if child is not None and self._tg is not None:
+            self._tg.start_soon(self._unwatch_child, runtime, child)
+
+    async def _unwatch_child(self, runtime: SessionRuntime, child: Child) -> None:
+        # Checked here, not when scheduled: a subscriber that came back meanwhile keeps it streaming
+        # (its own watch frame, if any, follows this one on the channel).
+        if not (runtime.watched or self.membership.watched_elsewhere(runtime.id)):
+            await child.send(Watch(session=runtime.id, watched=False))
+            turn = runtime.pending.id if runtime.pending is not None else None
+            runtime.log.info(events.LOG_SESSION_UNWATCHED, turn=turn, child=child.id)
 
     async def close_here(self, session_id: str) -> None:
         """Another replica closed the session: end its turn here (cancelled), unload it, end its streams."""

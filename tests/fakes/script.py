@@ -49,6 +49,12 @@ class Reply:
     # When set, the server holds its answer until the event is set (at most 30 s): lets a test act
     # (swap a model, cancel a turn) while a step is known to be in flight.
     gate: threading.Event | None = field(default=None, compare=False)
+    # When set, a streamed answer stops after ``midway_after`` records until the event is set (at
+    # most 30 s): lets a test see part of an answer arrive while the rest is known to be held back.
+    midway: threading.Event | None = field(default=None, compare=False)
+    midway_after: int = 1
+    # A streamed answer waits this long before each record after the first (a model writing).
+    pace_ms: float = 0.0
 
 
 FaultKind = Literal["status", "drop", "truncate", "malformed", "stall", "stream_error", "raw"]

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 from tests.fakes.script import Fault, Reply
@@ -52,6 +52,8 @@ class RecordedRequest:
     received_at: float  # time.perf_counter() once the request was read
     finished_at: float | None = None  # once the response was fully written (or abandoned)
     outcome: str = ""
+    # time.monotonic() as each stream record was written (the clock every process of a machine shares)
+    record_times: list[float] = field(default_factory=list)
 
     @property
     def model(self) -> str | None:
@@ -274,7 +276,7 @@ class FakeServer:
                 self._gates.add(item.gate)
                 await asyncio.get_running_loop().run_in_executor(None, item.gate.wait, _GATE_SECONDS)
             if stream:
-                return await self._send_stream(writer, self.stream_records(item, request, self._seq))
+                return await self._send_stream(writer, self.stream_records(item, request, self._seq), item, request)
             await self._send_json(writer, 200, self.body(item, request, self._seq))
             return True
         request.outcome = item.kind
@@ -304,6 +306,7 @@ class FakeServer:
         await self._start_chunked(writer)
         for record in head:
             await self._chunk(writer, record)
+        await self._hold(fault.reply.midway)  # the fault strikes once the test has seen the head
         if fault.kind == "drop":
             return False  # close without the terminating chunk
         if fault.kind == "truncate":
@@ -394,9 +397,22 @@ class FakeServer:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
 
-    async def _send_stream(self, writer: asyncio.StreamWriter, records: list[bytes]) -> bool:
+    async def _send_stream(
+        self, writer: asyncio.StreamWriter, records: list[bytes], reply: Reply, request: RecordedRequest
+    ) -> bool:
         await self._start_chunked(writer)
-        for record in records:
+        for n, record in enumerate(records):
+            if reply.midway is not None and n == reply.midway_after:
+                await self._hold(reply.midway)
+            if reply.pace_ms and n:
+                await asyncio.sleep(reply.pace_ms / 1000)
+            request.record_times.append(time.monotonic())
             await self._chunk(writer, record)
         await self._end_chunked(writer)
         return True
+
+    async def _hold(self, gate: threading.Event | None) -> None:
+        """Wait (at most ``_GATE_SECONDS``) until the test sets ``gate``; None: no wait."""
+        if gate is not None:
+            self._gates.add(gate)
+            await asyncio.get_running_loop().run_in_executor(None, gate.wait, _GATE_SECONDS)
