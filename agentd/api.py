@@ -32,11 +32,11 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentd import __version__, events
+from agentd.apiapprovals import approval_handlers
 from agentd.apicommon import (
     MESSAGE_LIMIT,
     STATUS,
     JSONResponse,
-    decode,
     decode_bytes,
     error_response,
     is_number,
@@ -493,26 +493,6 @@ def build_app(supervisor: Service, console: ASGIApp | None = None) -> Starlette:
         )
         return JSONResponse(page)
 
-    async def list_approvals(request: Request) -> Response:
-        query = request.query_params
-        page = await supervisor.list_approvals(
-            status=query.get("status") or None,
-            session=query.get("session") or None,
-            limit=page_limit(request, DEFAULT_PAGE, MAX_PAGE),
-            after=query.get("after") or None,
-        )
-        return JSONResponse(page)
-
-    async def get_approval(request: Request) -> Response:
-        return JSONResponse(await supervisor.get_approval(request.path_params["id"]))
-
-    async def decide_approval(request: Request) -> Response:
-        body = await decode(request, Decide)
-        decided = await supervisor.decide_approval(
-            request.path_params["id"], body.decision, body.reason, body.arguments
-        )
-        return JSONResponse(decided)
-
     async def get_session(request: Request) -> Response:
         return JSONResponse(await supervisor.get_session(request.path_params["id"]))
 
@@ -564,9 +544,7 @@ def build_app(supervisor: Service, console: ASGIApp | None = None) -> Starlette:
         "post_message": post_message,
         "session_events": session_events,
         "cancel": cancel,
-        "list_approvals": list_approvals,
-        "get_approval": get_approval,
-        "decide_approval": decide_approval,
+        **approval_handlers(supervisor, lambda request: page_limit(request, DEFAULT_PAGE, MAX_PAGE)),
         "metrics": metrics,
         "openapi": openapi,
         **door_handlers(supervisor),

@@ -1252,7 +1252,7 @@ async def test_a_sqlite_file_that_claims_a_schema_without_its_tables_is_refused(
     conn.execute("CREATE TABLE other (x)")
     conn.commit()
     conn.close()
-    with pytest.raises(StoreError, match=r"cannot open the store .*: it says schema version \d but has no table"):
+    with pytest.raises(StoreError, match=r"cannot open the store .*: it says schema version \d+ but has no table"):
         await SqliteStore.open(db_path)
 
 
