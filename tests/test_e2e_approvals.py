@@ -334,6 +334,11 @@ def test_the_cli_lists_approves_rejects_and_chat_asks_inline(tmp_path: Path) -> 
         rejected = daemon.run_cli("reject", second["id"], "--reason", "no more")
         assert rejected.returncode == 0 and "rejected: no more" in rejected.stdout
 
+        streamed = daemon.run_cli("send", "--stream", "record please")
+        assert streamed.returncode == 0 and "waits for approval ap_" in streamed.stderr, streamed.stderr
+        [third] = [a for a in pending_approvals(daemon) if a["session"] != waiting["session"]]
+        daemon.run_cli("reject", third["id"], "--reason", "streamed")
+
         chat = daemon.run_cli("chat", input="record please\ny\n")
         assert chat.returncode == 0, chat.stderr
         assert "[approval]" in chat.stdout and "approved]" in chat.stdout
