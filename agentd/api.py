@@ -32,6 +32,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentd import __version__, events
+from agentd.apiapprovals import approval_handlers
 from agentd.apicommon import (
     MESSAGE_LIMIT,
     STATUS,
@@ -67,8 +68,10 @@ from agentd.openapi import RouteDoc, document
 from agentd.service import Claim, Service
 from agentd.views import (
     Accepted,
+    ApprovalView,
     Cancelling,
     CreateSession,
+    Decide,
     ErrorBody,
     Health,
     MessageResult,
@@ -126,6 +129,9 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("/v1/sessions/{id}/events", "GET", "session_events"),
     ("/v1/sessions/{id}/cancel", "POST", "cancel"),
     ("/v1/usage", "GET", "usage"),
+    ("/v1/approvals", "GET", "list_approvals"),
+    ("/v1/approvals/{id}", "GET", "get_approval"),
+    ("/v1/approvals/{id}", "POST", "decide_approval"),
     ("/metrics", "GET", "metrics"),
     ("/v1/openapi.json", "GET", "openapi"),
 )
@@ -174,7 +180,7 @@ CREATING = {
 TURN = {
     400: ("empty_message",),
     404: ("not_found",),
-    409: ("turn_running", "turn_refused"),
+    409: ("turn_running", "turn_refused", "awaiting_approval"),
     503: ("turn_cut", "turn_elsewhere", "lease_lost"),
 }
 DOOR_BODY = {400: ("unknown_parameter", "unsupported_parameter", "invalid_value"), 404: ("model_not_found",)}
@@ -258,6 +264,35 @@ DOCS: dict[str, RouteDoc] = {
         "cancel the running turn",
         {202: Cancelling},
         errors=_codes(STORE, {404: ("not_found",), 409: ("no_turn",)}),
+        error_body=ErrorBody,
+    ),
+    "list_approvals": RouteDoc(
+        "a page of tool-call approvals (RFC 0012 §6)",
+        {200: list[ApprovalView]},
+        errors=_codes(STORE, {400: ("bad_status", "bad_limit", "bad_cursor")}),
+        query={
+            "status": (
+                {"enum": ["pending", "approved", "rejected", "expired", "cancelled"]},
+                "only approvals with this status",
+            ),
+            "session": ({"type": "string"}, "only this session's"),
+            "limit": LIMIT,
+            "after": ({"type": "string"}, "the last approval id of the page before"),
+        },
+        error_body=ErrorBody,
+    ),
+    "get_approval": RouteDoc(
+        "an approval", {200: ApprovalView}, errors=_codes(STORE, {404: ("not_found",)}), error_body=ErrorBody
+    ),
+    "decide_approval": RouteDoc(
+        "approve or reject a tool call, once",
+        {200: ApprovalView},
+        Decide,
+        errors=_codes(
+            BODY,
+            STORE,
+            {400: ("bad_decision", "bad_arguments"), 404: ("not_found",), 409: ("already_decided",)},
+        ),
         error_body=ErrorBody,
     ),
     "metrics": RouteDoc("Prometheus metrics", {200: None}, errors=STORE, media="text/plain", error_body=ErrorBody),
@@ -540,6 +575,7 @@ def build_app(supervisor: Service, console: ASGIApp | None = None) -> Starlette:
         "session_events": session_events,
         "cancel": cancel,
         "usage": usage,
+        **approval_handlers(supervisor, lambda request: page_limit(request, DEFAULT_PAGE, MAX_PAGE)),
         "metrics": metrics,
         "openapi": openapi,
         **door_handlers(supervisor),

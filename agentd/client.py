@@ -30,6 +30,7 @@ from agentd.sse import SSEEvent, SSEParser, iter_sse
 from agentd.statedir import DEFAULT_STATE_DIR
 from agentd.views import (
     Accepted,
+    ApprovalView,
     ErrorBody,
     MessageResult,
     ReloadResult,
@@ -284,6 +285,23 @@ class AgentdClient:
     def close_session(self, session_id: str) -> dict[str, Any]:
         """``DELETE /v1/sessions/{id}``: close the session (its transcript is kept)."""
         return self._ok_object(self._request("DELETE", _session_path(session_id)))
+
+    def list_approvals(self, *, status: str | None = None, session: str | None = None) -> list[ApprovalView]:
+        """``GET /v1/approvals`` (RFC 0012 §6), filtered."""
+        query = "&".join(f"{k}={quote(v, safe='')}" for k, v in (("status", status), ("session", session)) if v)
+        return self._decode(self._request("GET", "/v1/approvals" + (f"?{query}" if query else "")), list[ApprovalView])
+
+    def decide(
+        self, approval_id: str, decision: str, *, reason: str | None = None, arguments: Any = None
+    ) -> ApprovalView:
+        """``POST /v1/approvals/{id}``: approve or reject, once (409 ``already_decided`` after)."""
+        body: dict[str, Any] = {"decision": decision}
+        if reason is not None:
+            body["reason"] = reason
+        if arguments is not None:
+            body["arguments"] = arguments
+        path = f"/v1/approvals/{quote(approval_id, safe='')}"
+        return self._decode(self._request("POST", path, json=body), ApprovalView)
 
     def events(self, session_id: str) -> EventStream:
         """``GET /v1/sessions/{id}/events``: subscribe now; iterate the result for ``(name, data)``."""

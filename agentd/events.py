@@ -20,6 +20,10 @@ SWAP_APPLIED: Final = "swap.applied"
 TURN_RESTARTED: Final = "turn.restarted"
 TURN_DONE: Final = "turn.done"
 SESSION_FAILED: Final = "session.failed"
+# A tool call waits for a human's approval (RFC 0012 §6) ...
+APPROVAL_REQUESTED: Final = "approval.requested"
+# ... and was decided: approved, rejected, expired or cancelled.
+APPROVAL_DECIDED: Final = "approval.decided"
 # Emitted when a model call begins; lets clients (and tests) know a step is in flight.
 STEP_STARTED: Final = "step.started"
 # Every endpoint of the session's intelligence is down: the turn waits (readiness turns 503) ...
@@ -47,6 +51,8 @@ SESSION_EVENTS: Final = frozenset(
         SESSION_FAILED,
         INTEL_WAITING,
         INTEL_RECOVERED,
+        APPROVAL_REQUESTED,
+        APPROVAL_DECIDED,
         DELTA,
         STEP_RESET,
     }
@@ -178,6 +184,15 @@ LOG_TURN_CRASHED: Final = "turn.crashed"
 LOG_TURN_INTERNAL_ERROR: Final = "turn.internal_error"
 LOG_TURN_RERUN: Final = "turn.rerun"
 LOG_TURN_UNEXPECTED: Final = "turn.unexpected"
+# Approvals (RFC 0012): a run stopped for approvals (child, debug); the supervisor stored them;
+# one was decided (approved, rejected, expired, cancelled); a turn whose approvals are all
+# decided goes on; storing or resuming failed; a restart-turn swap discarded a waiting run.
+LOG_TURN_PARKED: Final = "turn.parked"
+LOG_APPROVAL_REQUESTED: Final = "approval.requested"
+LOG_APPROVAL_DECIDED: Final = "approval.decided"
+LOG_APPROVAL_RESUMED: Final = "approval.resumed"
+LOG_APPROVAL_FAILED: Final = "approval.failed"
+LOG_APPROVAL_DISCARDED: Final = "approval.discarded"
 
 # The API's listeners (RFC 0000 §6): accept() failed (out of descriptors, of memory) — one line per
 # interval with the count not logged; every TCP slot is taken, clients wait in the backlog (same);

@@ -176,6 +176,13 @@ class Metrics:
         self.turn_reruns = Counter(
             "agentd_turn_reruns", "Turns re-run on another child after theirs ended", registry=self.registry
         )
+        # RFC 0012 §6: approvals waiting now (read fresh from the store), and decisions by outcome.
+        self.approvals_pending = Gauge(
+            "agentd_approvals_pending", "Tool-call approvals waiting for a decision", registry=self.registry
+        )
+        self.approvals = Counter(
+            "agentd_approvals", "Tool-call approvals decided, by decision", ["decision"], registry=self.registry
+        )
         self.delta_frames = Counter(
             "agentd_delta_frames",
             "delta and step.reset event frames received from children, by event",

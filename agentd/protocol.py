@@ -18,6 +18,7 @@ import msgspec
 from anyio.abc import ByteStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from agentd.approvals import ApprovalRequest, Decision, ParkedRun
 from agentd.config import Config, Intelligence, Limits, SwapPolicy
 from agentd.messages import Message, UserMessage
 from agentd.records import Discarded, JournalEntry, TurnRecord
@@ -53,13 +54,14 @@ __all__ = [
     "SwapsApplied",
     "TurnDiscarded",
     "TurnDone",
+    "TurnParked",
     "Watch",
     "decode_payload",
     "encode_frame",
     "encode_frames",
 ]
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: The most one logical frame may hold once its parts are joined (a long conversation's ``Open``).
 MAX_MESSAGE_BYTES = 1024 * 1024 * 1024
@@ -188,6 +190,10 @@ class Input(_Frame, frozen=True, tag="input", kw_only=True):
     # Whether the turn resumed from the store (a daemon restart or a failover) rather than being
     # accepted here (a span event; ``run`` above is ``agentd.turn.run``).
     resumed: bool = False
+    # A run that stopped for approvals goes on from where it stopped, with what was decided for
+    # the calls it waited on (RFC 0012 §3). Unset: the turn runs from its start.
+    resume: ParkedRun | None = None
+    decisions: list[Decision] = []
 
 
 class Watch(_Frame, tag="watch", frozen=True, kw_only=True):
@@ -234,6 +240,16 @@ class TurnDone(_Frame, frozen=True, tag="turn_done", kw_only=True):
     messages: list[Message] = []
     # Set when the turn rewrote history (a transfer): the session's whole new transcript.
     transcript: list[Message] | None = None
+
+
+class TurnParked(_Frame, frozen=True, tag="turn_parked", kw_only=True):
+    """← The turn's run stopped at a step boundary: ``requests`` are calls of its last step that
+    wait for a human's approval (RFC 0012 §3). The turn has not ended; the session is idle here."""
+
+    session: str
+    turn: str
+    run: ParkedRun
+    requests: list[ApprovalRequest]
 
 
 # --------------------------------------------------------------------------- the tool journal
@@ -346,6 +362,7 @@ Frame = (
     | Event
     | TurnDiscarded
     | TurnDone
+    | TurnParked
     | SwapIntel
     | SwapAck
     | SwapApplied

@@ -30,7 +30,8 @@ __all__ = [
     "TurnRecord",
 ]
 
-SessionState = Literal["idle", "running", "failed", "closed"]
+# ``awaiting_approval``: its turn waits for approvals (RFC 0012); never stored as a row's state.
+SessionState = Literal["idle", "running", "awaiting_approval", "failed", "closed"]
 
 #: The status of a turn that has started and has not ended (never a TurnStatus: no turn ends pending).
 PENDING: Final = "pending"

@@ -77,9 +77,10 @@ def side_effect_free(fn: Callable[..., Any]) -> Callable[..., Any]:
 class Tool:
     """A callable the loop can offer and invoke, with arguments checked against its signature."""
 
-    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any], name: str | None = None, ref: str | None = None) -> None:
         self.fn = fn
         self.name = name or fn.__name__
+        self.ref = ref  # how the config names it (``require_approval`` matches on it, RFC 0012 §2)
         self._arguments_type = _arguments_struct(fn, self.name)
         schema = msgspec.json.schema(self._arguments_type)
         defs = schema.get("$defs", {})
@@ -152,7 +153,7 @@ def resolve_tool(ref: str) -> Tool:
             raise ToolError(
                 f"unknown built-in tool {ref!r}; built-ins: {', '.join(BUILTIN_TOOLS)}; or use 'module:function'"
             )
-        return Tool(BUILTIN_TOOLS[ref], ref)
+        return Tool(BUILTIN_TOOLS[ref], ref, ref)
     module_name, _, attr = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -165,7 +166,7 @@ def resolve_tool(ref: str) -> Tool:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ToolError(f"tool {ref!r}: module {module_name!r} has no callable {attr!r}")
-    return Tool(fn, attr)
+    return Tool(fn, attr, ref)
 
 
 def resolve_tools(refs: Iterable[str]) -> dict[str, Tool]:

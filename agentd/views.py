@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from agentd.approvals import Approval
 from agentd.budget import Usage
 from agentd.config import ConfigIssue
 from agentd.messages import AssistantMessage, Message, SystemMessage, ToolResult, UserMessage
@@ -18,9 +19,12 @@ from agentd.records import PENDING, Cost, Discarded, SessionState, StartedTurn, 
 
 __all__ = [
     "Accepted",
+    "ApprovalCounts",
+    "ApprovalView",
     "Cancelling",
     "ChildView",
     "CreateSession",
+    "Decide",
     "DiscardedView",
     "Entry",
     "ErrorBody",
@@ -42,6 +46,7 @@ __all__ = [
     "UsageGroup",
     "UsageReport",
     "UsageView",
+    "approval_view",
     "entry_from_message",
     "iso",
     "turn_done_event",
@@ -287,6 +292,10 @@ class SessionCounts(_Body, kw_only=True):
     failed: int = 0
 
 
+class ApprovalCounts(_Body, kw_only=True):
+    pending: int = 0  # tool calls waiting for a human's decision (RFC 0012)
+
+
 class StatusView(_Body, kw_only=True):
     pid: int
     version: str
@@ -298,6 +307,7 @@ class StatusView(_Body, kw_only=True):
     draining: bool = False
     replica: str = ""  # this replica's id (RFC 0009 §7)
     replicas: list[ReplicaView] = []  # the live replicas on the store, this one included
+    approvals: ApprovalCounts = msgspec.field(default_factory=ApprovalCounts)
 
 
 class ReloadResult(_Body, kw_only=True):
@@ -308,6 +318,47 @@ class ReloadResult(_Body, kw_only=True):
     restart_required: list[str] = []
     swapped_sessions: list[str] = []  # at most 100 ids; swapped_total counts them all
     swapped_total: int = 0
+
+
+class ApprovalView(_Body, kw_only=True):
+    """A tool call waiting for (or given) a human's decision (RFC 0012 §6)."""
+
+    id: str
+    session: str
+    turn: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    status: str
+    reason: str | None = None
+    requested_at: str | None = None
+    decided_at: str | None = None
+    expires_at: str | None = None
+
+
+def approval_view(approval: Approval) -> ApprovalView:
+    """The API view of an approval (times as ISO 8601, like turns)."""
+    return ApprovalView(
+        id=approval.id,
+        session=approval.session,
+        turn=approval.turn,
+        call_id=approval.call_id,
+        tool=approval.tool,
+        arguments=approval.arguments,
+        status=approval.status.value,
+        reason=approval.reason,
+        requested_at=iso(approval.requested_at),
+        decided_at=iso(approval.decided_at),
+        expires_at=iso(approval.expires_at),
+    )
+
+
+class Decide(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/approvals/{id}``."""
+
+    decision: str
+    reason: str | None = None
+    arguments: Any = None
 
 
 class ReloadView(_Body, kw_only=True):
@@ -327,6 +378,8 @@ class ReloadView(_Body, kw_only=True):
 class MessageResult(_Body, kw_only=True):
     turn: TurnView
     messages: list[Entry] = []
+    # The turn waits for these (its status is ``pending``): decide them to let it go on (RFC 0012).
+    approvals: list[ApprovalView] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Accepted(_Body, kw_only=True):

@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentd.approvals import ApprovalRequest, ApprovalStatus, Decision, ParkedRun
 from agentd.budget import TurnStatus, Usage
 from agentd.config import Intelligence, Limits, Price, SwapPolicy, intelligence_map, parse_config, quickstart_config
 from agentd.messages import AssistantMessage, SystemMessage, ToolCall, ToolResult, UserMessage
@@ -59,6 +60,7 @@ from agentd.protocol import (
     SwapsApplied,
     TurnDiscarded,
     TurnDone,
+    TurnParked,
     Watch,
     decode_payload,
     encode_frame,
@@ -150,6 +152,16 @@ _ASSISTANT_ANSWER = AssistantMessage(
 )
 
 
+_PARKED = ParkedRun(
+    messages=[_ASSISTANT_CALLS],
+    steps=2,
+    usage=Usage(input_tokens=30, output_tokens=8),
+    elapsed=1.5,
+    intelligence=Intelligence(model="echo-large"),
+    calls=("call-1", "call-2"),
+)
+
+
 def _samples() -> list[Any]:
     return [
         Spawn(
@@ -177,6 +189,11 @@ def _samples() -> list[Any]:
             trace={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
             run=2,
             resumed=True,
+            resume=_PARKED,
+            decisions=[
+                Decision(call_id="call-1", status=ApprovalStatus.APPROVED, arguments={"order": 8}),
+                Decision(call_id="call-2", status=ApprovalStatus.REJECTED, reason="not today"),
+            ],
         ),
         Cancel(session="s-1", turn="t-2"),
         Watch(session="s-1", watched=False),
@@ -190,6 +207,19 @@ def _samples() -> list[Any]:
             session="s-1",
             turn="t-2",
             attempt=Discarded(model="echo-small", steps=2, reason="model swap", usage=Usage(120, 45)),
+        ),
+        TurnParked(
+            session="s-1",
+            turn="t-2",
+            run=_PARKED,
+            requests=[
+                ApprovalRequest(
+                    call_id="call-1",
+                    tool="refund",
+                    arguments={"order": 7},
+                    parameters={"type": "object", "properties": {"order": {"type": "integer"}}},
+                )
+            ],
         ),
         TurnDone(
             session="s-1",
@@ -309,7 +339,7 @@ def test_golden_fixture(sample: Any) -> None:
 
 def test_every_frame_type_has_a_sample_and_a_fixture() -> None:
     """Adding a frame to the Frame union without a sample and a golden fixture fails here."""
-    assert len(FRAME_TYPES) == 22
+    assert len(FRAME_TYPES) == 23
     sampled = {type(s) for s in SAMPLES}
     missing_samples = [cls.__name__ for cls in FRAME_TYPES if cls not in sampled]
     assert not missing_samples, f"frame types without a golden sample: {missing_samples}"

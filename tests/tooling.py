@@ -100,3 +100,9 @@ def loaded_modules(prefix: str = "opentelemetry") -> str:
     import sys
 
     return json.dumps(sorted(name for name in sys.modules if name.startswith(prefix)))
+
+
+def stamp(label: str = "") -> str:
+    """Record that it ran, with its label and the epoch time it started (bench/approvals.py)."""
+    _log(f"stamp {label} {time.time():.6f}")
+    return f"stamped {label}"

@@ -49,6 +49,7 @@ from agentd.protocol import (
     SwapAck,
     SwapIntel,
     SwapsApplied,
+    TurnDone,
     Watch,
 )
 from agentd.swap import classify_swap
@@ -324,10 +325,15 @@ class ChildRuntime:
                             write=self._journal,
                             run=frame.run,
                             deltas=deltas,
+                            resume=frame.resume,
+                            decisions=frame.decisions,
                         )
                     finally:
                         deltas.close()
-                    turn_done(span, done.record)
+                    if isinstance(done, TurnDone):
+                        turn_done(span, done.record)
+                    else:  # parked for approvals: the run stops here, the turn goes on later
+                        span.set({"agentd.turn.status": "awaiting_approval", "agentd.approvals": len(done.requests)})
             await self.send(done)
             await session.apply_parked(turn=None)  # idle now: its boundary is now
         except Exception as exc:  # a loop bug must not take the other sessions down

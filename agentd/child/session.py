@@ -72,6 +72,8 @@ class ChildSession:
         self.policy = policy
         self.limits = limits
         self.intelligence = dict(intelligence)
+        # A turn that waited for approvals finishes on what it started on (finish-on-old, RFC 0012 §5).
+        self.pinned: Intelligence | None = None
         self.provider: Provider = build_provider(self.current_intelligence)
         self.provider_stale = False  # a swap was adopted while idle: rebuild before the next call
         self.parked: SwapIntel | None = None
@@ -86,8 +88,8 @@ class ChildSession:
 
     @property
     def current_intelligence(self) -> Intelligence:
-        """The effective intelligence of the session's current assistant."""
-        return self.intelligence[self.assistant]
+        """The effective intelligence of the session's current assistant (or the turn's pinned one)."""
+        return self.pinned or self.intelligence[self.assistant]
 
     @property
     def assistant_config(self) -> Assistant:
@@ -225,6 +227,19 @@ class ChildSession:
         )
         return kind
 
+    async def pin(self, intelligence: Intelligence) -> None:
+        """Run the rest of this turn on ``intelligence`` (the one a parked run started on)."""
+        if intelligence == self.current_intelligence:
+            return
+        self.pinned = intelligence
+        await self.replace_provider()
+
+    def unpin(self) -> None:
+        """The turn ended: the session's own intelligence again, its client rebuilt before the next call."""
+        if self.pinned is not None:
+            self.pinned = None
+            self.provider_stale = True
+
     async def ready_provider(self) -> None:
         """Rebuild the provider client if a swap adopted while idle left it stale."""
         if self.provider_stale:
@@ -246,4 +261,5 @@ class ChildSession:
     def switch_assistant(self, name: str) -> Intelligence:
         """After a transfer: the session now runs on ``name``'s effective intelligence."""
         self.assistant = name
+        self.pinned = None
         return self.current_intelligence

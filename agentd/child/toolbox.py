@@ -12,7 +12,7 @@ from agentd.mcp import McpConnection, McpTool, McpToolInfo, is_mcp_ref
 from agentd.obs import get_logger
 from agentd.tools import AnyTool, Tool, resolve_tools
 
-__all__ = ["Toolbox", "build_toolbox"]
+__all__ = ["Toolbox", "approval_ref", "build_toolbox"]
 
 log = get_logger("child")
 
@@ -80,3 +80,10 @@ def build_toolbox(assistant: Assistant, config: Config) -> Toolbox:
             assert server is not None
             mcp.append((server, tool))
     return Toolbox(resolve_tools(local), tuple(mcp))
+
+
+def approval_ref(tool: AnyTool) -> tuple[str | None, str | None]:
+    """How ``require_approval`` names ``tool``: (its ``tools`` entry, its MCP server or None)."""
+    if isinstance(tool, McpTool):
+        return f"{tool.connection.name}:{tool.info.name}", tool.connection.name
+    return getattr(tool, "ref", None), None

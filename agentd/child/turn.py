@@ -21,17 +21,20 @@ import anyio
 import msgspec
 
 from agentd import events
+from agentd.approvals import ApprovalRequest, ApprovalRules, ApprovalStatus, Decision, ParkedRun, rejection_text
 from agentd.budget import TurnBudget, TurnStatus, Usage
 from agentd.child.deltas import DeltaStream
 from agentd.child.journal import OUTCOME_UNKNOWN, REPLAYED, JournalWrite, ToolLedger
 from agentd.child.session import ChildSession
 from agentd.child.spans import chat_done, input_messages, tool_done
+from agentd.child.toolbox import approval_ref
+from agentd.config import SwapPolicy
 from agentd.intel import CompletionRequest, IntelError
 from agentd.intel.base import Completion, IntelErrorKind
 from agentd.messages import AssistantMessage, Message, ToolCall, ToolResult, UserMessage, is_empty_assistant
 from agentd.obs import get_logger
 from agentd.otel import tracing
-from agentd.protocol import TurnDiscarded, TurnDone
+from agentd.protocol import TurnDiscarded, TurnDone, TurnParked
 from agentd.records import Discarded, JournalEntry, ModelSpend, TurnRecord
 from agentd.tools import AnyTool, ToolOutcome, ToolSpec
 from agentd.transfer import (
@@ -65,6 +68,14 @@ class _Restart(Exception):
     """Raised at a checkpoint when a restart-turn model swap is parked."""
 
 
+class _Park(Exception):
+    """Raised at a step boundary when calls of the step wait for a human's approval (RFC 0012 §3)."""
+
+    def __init__(self, requests: list[ApprovalRequest]) -> None:
+        super().__init__(f"{len(requests)} calls await approval")
+        self.requests = requests
+
+
 @dataclass
 class _Attempt:
     """One run of the turn's steps on one model, within one budget."""
@@ -89,6 +100,11 @@ class _Attempt:
     # What the whole turn spent per (assistant, model), shared by its attempts: a discarded
     # attempt's calls were paid for too (RFC 0011 §1).
     spend: dict[tuple[str, str], Usage] = field(default_factory=dict)
+    # A run that waited for approvals goes on with this step's calls (their decisions below).
+    resumed: AssistantMessage | None = None
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    restored: ParkedRun | None = None
+    started_wall: float = 0.0
 
     def deadline_seconds(self, deadline: float) -> float:
         """How long this attempt may run: the whole deadline, less what earlier runs of the turn used."""
@@ -101,6 +117,9 @@ class _Attempt:
         limits = self.session.limits
         self.ledger.new_attempt()
         self.budget = TurnBudget(limits, anyio.current_time())
+        self.started_wall = time.time()
+        if self.restored is not None:  # the budget goes on where the parked run left it
+            self.budget.steps, self.budget.usage = self.restored.steps, self.restored.usage
         self.model = self.session.current_intelligence.model
         with anyio.move_on_after(self.deadline_seconds(limits.deadline)) as deadline_scope:
             status = await self._steps()
@@ -127,6 +146,13 @@ class _Attempt:
     async def _steps(self) -> TurnStatus:
         assert self.budget is not None
         while True:
+            if self.resumed is not None:  # the step whose calls waited for approvals: run them now
+                message, self.resumed = self.resumed, None
+                status = await self._calls(message)
+                self.decisions = {}  # they answer that step only (call ids may repeat later)
+                if status is not None:
+                    return status
+                continue
             await self.checkpoint()
             if (status := self.budget.before_step()) is not None:
                 return status
@@ -162,21 +188,75 @@ class _Attempt:
                 return over_budget
             if not message.tool_calls:
                 return TurnStatus.COMPLETED
-            transfer = select_transfer(self.session.assistant_config, message)
-            # Work calls first, transfer calls last: a transfer is only answered "transferred"
-            # once nothing else in the step can still end the turn first (a loop, a restart).
-            calls = sorted(message.tool_calls, key=lambda c: transfer is not None and _is_transfer_call(transfer, c))
-            for call in calls:
-                await self.checkpoint()
-                if transfer is not None and _is_transfer_call(transfer, call):
-                    await self._answer_transfer_call(call, transfer)
-                    continue
-                if (status := self.budget.before_tool(call.name, call.arguments)) is not None:
-                    return status
-                await self._run_tool(call)
-            if transfer is not None:
-                await self._transfer(transfer)
-                return TurnStatus.TRANSFERRED
+            if requests := self._approvals_needed(message):
+                raise _Park(requests)  # nothing of this step ran: it runs once all are decided
+            if (status := await self._calls(message)) is not None:
+                return status
+
+    def _approvals_needed(self, message: AssistantMessage) -> list[ApprovalRequest]:
+        """The calls of ``message`` that wait for a human (``require_approval``, RFC 0012 §2)."""
+        rules = ApprovalRules.of(self.session.assistant_config.require_approval)
+        requests = []
+        for call in message.tool_calls:
+            tool = self.tools.get(call.name)
+            if tool is None or call.arguments_error is not None:
+                continue  # answered with an error at once: nothing to approve
+            ref, server = approval_ref(tool)
+            if rules.needs(ref, server, tool.spec.side_effect_free):
+                requests.append(
+                    ApprovalRequest(
+                        call_id=call.id, tool=call.name, arguments=call.arguments, parameters=tool.spec.parameters
+                    )
+                )
+        return requests
+
+    def parked(self, requests: list[ApprovalRequest], usage: Usage) -> ParkedRun:
+        """This run, stopped after its last step for ``requests``."""
+        started = self.accepted_at if self.accepted_at is not None else self.started_wall
+        return ParkedRun(
+            messages=list(self.messages),
+            steps=self.steps,
+            usage=usage,
+            elapsed=max(0.0, time.time() - started),
+            intelligence=self.session.current_intelligence,
+            calls=tuple(r.call_id for r in requests),
+        )
+
+    def resume(self, run: ParkedRun, decisions: Sequence[Decision]) -> None:
+        """Go on from a parked run: its messages, its budget, its last step's calls as decided."""
+        messages = list(run.messages)
+        last = messages[-1] if messages else None
+        if not isinstance(last, AssistantMessage):
+            return  # nothing to go on from: the turn runs from its start
+        edited = {
+            d.call_id: d.arguments for d in decisions if d.status is ApprovalStatus.APPROVED and d.arguments is not None
+        }
+        if edited:  # the transcript shows the arguments that ran
+            calls = tuple(msgspec.structs.replace(c, arguments=edited.get(c.id, c.arguments)) for c in last.tool_calls)
+            last = msgspec.structs.replace(last, tool_calls=calls)
+            messages[-1] = last
+        self.messages, self.resumed, self.restored = messages, last, run
+        self.decisions = {d.call_id: d for d in decisions}
+
+    async def _calls(self, message: AssistantMessage) -> TurnStatus | None:
+        """Run the step's calls; the status that ends the turn, if one does."""
+        assert self.budget is not None
+        transfer = select_transfer(self.session.assistant_config, message)
+        # Work calls first, transfer calls last: a transfer is only answered "transferred"
+        # once nothing else in the step can still end the turn first (a loop, a restart).
+        calls = sorted(message.tool_calls, key=lambda c: transfer is not None and _is_transfer_call(transfer, c))
+        for call in calls:
+            await self.checkpoint()
+            if transfer is not None and _is_transfer_call(transfer, call):
+                await self._answer_transfer_call(call, transfer)
+                continue
+            if (status := self.budget.before_tool(call.name, call.arguments)) is not None:
+                return status
+            await self._run_tool(call)
+        if transfer is not None:
+            await self._transfer(transfer)
+            return TurnStatus.TRANSFERRED
+        return None
 
     async def _call_model(self) -> Completion | TurnStatus:
         """One model call. While every endpoint is down, wait (jittered backoff) until the deadline."""
@@ -351,7 +431,10 @@ class _Attempt:
     async def _tool_outcome(self, call: ToolCall) -> tuple[ToolOutcome, str | None]:
         how: str | None = None
         tool = self.tools.get(call.name)
-        if call.arguments_error is not None:
+        decision = self.decisions.get(call.id)
+        if decision is not None and decision.status is not ApprovalStatus.APPROVED:
+            outcome = ToolOutcome(rejection_text(call.name, decision.status, decision.reason), is_error=True)
+        elif call.arguments_error is not None:
             outcome = ToolOutcome(f"invalid arguments for tool {call.name!r}: {call.arguments_error}", is_error=True)
         elif tool is None:
             available = ", ".join(self.tools) or "none"
@@ -433,8 +516,11 @@ async def run_turn(
     write: JournalWrite | None = None,
     run: int = 0,
     deltas: DeltaStream | None = None,
-) -> TurnDone:
-    """Run one turn to its end and return the TurnDone to send (TurnDiscarded frames are sent on the way).
+    resume: ParkedRun | None = None,
+    decisions: Sequence[Decision] = (),
+) -> TurnDone | TurnParked:
+    """Run one turn to its end and return the TurnDone to send (TurnDiscarded frames are sent on the way),
+    or the TurnParked that stops it at a step whose calls wait for approvals (RFC 0012 §3).
 
     ``accepted_at`` (epoch seconds) is when the supervisor accepted the turn: its deadline counts
     from then, so a turn re-run after a crash does not get a fresh deadline. ``journal`` is what
@@ -442,11 +528,14 @@ async def run_turn(
     ``tools`` may be resolved when the turn starts (inside its cancel scope: a Cancel ends the wait).
     ``run`` numbers this run of the turn (the supervisor counts earlier runs); each restart-turn
     re-run here is the next. ``deltas`` streams the model's text (None: not streamed).
+    ``resume`` is a run that parked, to go on from with ``decisions`` for its last step's calls.
     """
     started_at = time.time()
     session.turn_id = turn
     try:
         await session.apply_parked(turn)  # the top of the turn is a boundary
+        if resume is not None and resume.intelligence is not None and session.policy is SwapPolicy.FINISH_ON_OLD:
+            await session.pin(resume.intelligence)  # it finishes on the model it started on
         await session.ready_provider()  # a swap adopted while idle rebuilt nothing yet
         base = list(session.transcript) + ([message] if message else [])
         await session.emit(
@@ -458,11 +547,18 @@ async def run_turn(
         session.turn_scope = scope
         status: TurnStatus = TurnStatus.CANCELLED
         attempt = _Attempt(session, turn, base, {}, ledger, restarts, run, deltas, accepted_at=accepted_at)
+        if resume is not None:
+            attempt.resume(resume, decisions)
+        parked: TurnParked | None = None
         with scope:  # Cancel frames cancel this scope, whichever attempt is running
             attempt.tools = tools if isinstance(tools, Mapping) else await tools()
             while True:
                 try:
                     status = await attempt.run()
+                    break
+                except _Park as park:
+                    stopped = attempt.parked(park.requests, usage + attempt.usage)
+                    parked = TurnParked(session=session.id, turn=turn, run=stopped, requests=park.requests)
                     break
                 except _Restart:
                     # Switch to the fresh attempt before any await: a cancel from here on ends
@@ -482,6 +578,10 @@ async def run_turn(
                     )
                     with anyio.CancelScope(shield=True):
                         discarded.append(await _discard(session, thrown_away))
+        if parked is not None and not scope.cancelled_caught:
+            # The turn has not ended: the session's transcript stays as it was before it.
+            log.debug(events.LOG_TURN_PARKED, session=session.id, turn=turn, calls=len(parked.requests))
+            return parked
         if scope.cancelled_caught:
             status = TurnStatus.CANCELLED
             attempt.close_unpaired(status)
@@ -524,6 +624,7 @@ async def run_turn(
     finally:
         session.turn_id = None
         session.turn_scope = None
+        session.unpin()
 
 
 async def _discard(session: ChildSession, attempt: _Attempt) -> Discarded:

@@ -20,6 +20,7 @@ import msgspec
 
 from agentd import __version__, early_signals
 from agentd.apitoken import TOKEN_ENV, TokenError, api_token
+from agentd.cli.approvals import add_commands as add_approval_commands
 from agentd.cli.common import (
     ENV_TWINS,
     LOG_FORMATS,
@@ -217,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
         "text", metavar="TEXT", nargs="+", help="the message (several words are joined by spaces; '-' reads stdin)"
     )
     send.set_defaults(handler=cmd_send)
+
+    add_approval_commands(commands, parents=[client], formatter=formatter, epilog=client_epilog)
 
     check = commands.add_parser(
         "check-config",

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from agentd import events
+from agentd.cli.approvals import ask_inline
 from agentd.cli.common import (
     OK_STATUSES,
     UsageError,
@@ -96,11 +97,18 @@ def cmd_send(args: argparse.Namespace) -> int:
             if isinstance(result, Accepted):  # only if the daemon ignored wait=true
                 err(f"the daemon did not wait for the turn; it runs as {result.turn_id}")
                 return 1
+            for approval in result.approvals or []:  # the turn waits for a human (RFC 0012)
+                err(
+                    f"turn {result.turn.id} waits for approval {approval.id}: {approval.tool}({to_json(approval.arguments)})"
+                )
             replies = reply_entries(result.messages)
             if replies:
                 out(replies[-1].content)
-            ended = (result.turn.status, result.turn.error)
+            ended = ("awaiting_approval", None) if result.approvals else (result.turn.status, result.turn.error)
     status, error = ended
+    if status == "awaiting_approval":
+        err("decide with `agentd approve ID` or `agentd reject ID --reason R` (`agentd approvals` lists them)")
+        return 0
     if status == "completed":
         return 0
     if status in OK_STATUSES:
@@ -150,6 +158,12 @@ def _follow_streaming(
             if data.get("turn") != turn_id:
                 continue
             write(printer.feed(name, data))
+            if name == events.APPROVAL_REQUESTED:  # it waits for a human (RFC 0012): say for what
+                write(printer.break_line())
+                err(
+                    f"turn {turn_id} waits for approval {data.get('approval')}: {data.get('tool')}({to_json(data.get('arguments', {}))})"
+                )
+                return [], "awaiting_approval", None
             if name == events.TURN_DONE:
                 return _turn_messages(data), str(data.get("status")), data.get("error")
     except ClientError as exc:
@@ -204,7 +218,22 @@ def describe_event(name: str, data: Mapping[str, Any], *, streamed: bool = False
             return "\n".join(lines) or None
         case events.SESSION_FAILED:
             return f"  [session failed] {data.get('error')}"
+        case events.APPROVAL_DECIDED:
+            why = f": {data.get('reason')}" if data.get("reason") else ""
+            return f"  [approval {data.get('approval')} {data.get('status')}{why}]"
     return None
+
+
+def _ask(prompt: str) -> str | None:
+    """One answer from the user (a terminal prompt, or the next line of piped stdin)."""
+    if sys.stdin.isatty():
+        try:
+            return input(prompt)
+        except EOFError:
+            return None
+    out(prompt.rstrip())
+    line = sys.stdin.readline()
+    return line or None
 
 
 def _print_reply(messages: Sequence[Entry], assistant: str, printer: DeltaPrinter | None = None) -> None:
@@ -264,6 +293,8 @@ class _Chat:
             if line:
                 write(printer.break_line())
                 out(line)
+            if name == events.APPROVAL_REQUESTED:  # asked inline; the turn goes on once decided
+                ask_inline(self.client, data, _ask)
             if name == events.SESSION_FAILED:
                 write(printer.break_line())
                 return True

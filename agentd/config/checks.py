@@ -89,9 +89,10 @@ def normalize(value: Any, annotation: Any, path: str, issues: list[ConfigIssue])
         if value not in accepted:
             issues.append(ConfigIssue(path, f"invalid value {value!r}; accepted values: {accepted_values(accepted)}"))
         return value
-    if origin is Annotated and any(
-        isinstance(meta, msgspec.Meta) and (meta.extra or {}).get("duration") for meta in args[1:]
-    ):
+    duration = next(
+        (meta for meta in args[1:] if isinstance(meta, msgspec.Meta) and (meta.extra or {}).get("duration")), None
+    )
+    if origin is Annotated and duration is not None:
         if not isinstance(value, str):
             issues.append(ConfigIssue(path, f"expected a duration string like '10s' or '250ms', got {_kind(value)}"))
             return value
@@ -100,7 +101,7 @@ def normalize(value: Any, annotation: Any, path: str, issues: list[ConfigIssue])
         except ValueError as exc:
             issues.append(ConfigIssue(path, str(exc)))
             return value
-        if seconds <= 0:
+        if seconds < 0 or (seconds == 0 and duration.ge is None):  # ``ge=0``: "0s" means never
             issues.append(ConfigIssue(path, f"duration must be greater than zero, got {value!r}"))
         elif seconds > MAX_DURATION:
             issues.append(ConfigIssue(path, f"duration must be at most {MAX_DURATION / 3600:g}h, got {value!r}"))
@@ -332,6 +333,7 @@ def semantic_issues(config: Config) -> list[ConfigIssue]:
             elif config.mcp_server(prefix) is None and (rest == "*" or not _is_module_path(prefix)):
                 servers = ", ".join(s.name for s in config.mcp_servers) or "none"
                 issues.append(ConfigIssue(where, f"no MCP server named {prefix!r} ([[mcp_servers]]: {servers})"))
+        issues.extend(_approval_issues(assistant.require_approval, assistant.tools, f"assistants[{i}]"))
         # Report a problem where it is written: an inherited default is reported once, at its own path.
         override = assistant.intelligence
         own = f"assistants[{i}].intelligence"
@@ -341,6 +343,25 @@ def semantic_issues(config: Config) -> list[ConfigIssue]:
         )
         issues.extend(_intelligence_issues(effective_intelligence(config, assistant.name), missing_at, urls_at))
     return _dedupe(issues)
+
+
+def _approval_issues(required: tuple[str, ...], tools: tuple[str, ...], where: str) -> list[ConfigIssue]:
+    """``require_approval`` names only the assistant's own tools: an entry of ``tools``, a tool of a
+    server whose ``server:*`` is there, or "*" (RFC 0012 §2)."""
+    issues = []
+    offered = set(tools)
+    for k, name in enumerate(required):
+        server, _, _ = name.partition(":")
+        if name == "*" or name in offered or (":" in name and f"{server}:*" in offered):
+            continue
+        listed = ", ".join(tools) or "none"
+        issues.append(
+            ConfigIssue(
+                f"{where}.require_approval[{k}]",
+                f"{name!r} is not among the assistant's tools (tools: {listed})",
+            )
+        )
+    return issues
 
 
 def _is_module_path(text: str) -> bool:

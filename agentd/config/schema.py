@@ -52,6 +52,8 @@ MAX_OPTION_DEPTH = 32
 
 _DURATION = {"duration": True}
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=MAX_DURATION, extra=_DURATION)]
+# A duration where "0s" means "never" (``[limits] approval_timeout``).
+SecondsOrNever = Annotated[float, msgspec.Meta(ge=0, le=MAX_DURATION, extra=_DURATION)]
 # Assistant names become tool names ("transfer_to_<name>"), which providers limit to [A-Za-z0-9_-]{1,64}.
 TRANSFER_TOOL_PREFIX = "transfer_to_"
 Name = Annotated[
@@ -65,6 +67,11 @@ EnvVarPattern = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\*?
 # ``[[mcp_servers]]`` entry is a server (RFC 0008 §2). MCP tool names may hold ``-`` and ``.``.
 ToolRef = Annotated[
     str, msgspec.Meta(min_length=1, pattern=r"^([A-Za-z_][A-Za-z0-9_]*|[A-Za-z0-9_][\w.-]*:(\*|[A-Za-z0-9_][\w.-]*))$")
+]
+# A ``require_approval`` entry: a ToolRef, or "*" (every tool not free of side effects).
+ApprovalRef = Annotated[
+    str,
+    msgspec.Meta(min_length=1, pattern=r"^(\*|[A-Za-z_][A-Za-z0-9_]*|[A-Za-z0-9_][\w.-]*:(\*|[A-Za-z0-9_][\w.-]*))$"),
 ]
 # HTTP header names (RFC 9110 tokens, the usual subset).
 HeaderName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")]
@@ -102,6 +109,8 @@ class Limits(_Section, frozen=True):
     max_tokens: Annotated[int, msgspec.Meta(ge=0, le=1_000_000_000_000)] = 0  # 0 = no token budget
     deadline: Seconds = 120.0
     max_turn_restarts: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 2
+    # A pending approval of a tool call expires after this ("0s" = never; RFC 0012 §4).
+    approval_timeout: SecondsOrNever = 24 * 3600.0
 
 
 class SupervisorSettings(_Section, frozen=True):
@@ -159,6 +168,9 @@ class Assistant(_Section, frozen=True):
     first_message: str = ""
     first_message_mode: FirstMessageMode = FirstMessageMode.SPEAKS_FIRST
     tools: tuple[ToolRef, ...] = ()
+    # Tools (as named in ``tools``; "server:*"; "*" = every tool not free of side effects) whose
+    # calls wait for a human's approval (RFC 0012 §2).
+    require_approval: tuple[ApprovalRef, ...] = ()
     intelligence: IntelligenceOverride | None = None
     transfers: tuple[Transfer, ...] = ()
 

@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio
 import msgspec
 
+from agentd.approvals import Approval, ApprovalRequest, ParkedRun
 from agentd.budget import Usage
 from agentd.config import Price
 from agentd.messages import Message, UserMessage
@@ -116,6 +118,27 @@ class LeaseLost(StoreError):
         self.lease = lease
         self.holder = holder
         self.holder_token = holder_token
+
+
+class UnknownApproval(StoreError):
+    """No approval has that id."""
+
+
+class AlreadyDecided(StoreError):
+    """The approval was decided before (here or on another replica): ``approval`` is how it stands."""
+
+    def __init__(self, approval: Approval) -> None:
+        super().__init__(f"approval {approval.id} was {approval.status.value} already")
+        self.approval = approval
+
+
+class ParkResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``park_turn`` left: the turn's pending approvals (in call order), which of them are new
+    (to announce), and the pending ones of a discarded run it cancelled."""
+
+    approvals: list[Approval]
+    new: list[str]
+    cancelled: list[Approval]
 
 
 class StoredEntry(msgspec.Struct, frozen=True):
@@ -444,6 +467,70 @@ class Store(abc.ABC):
     async def journal_entries(self, session_id: str, turn_id: str) -> list[JournalEntry]:
         """The journaled calls of a turn in order (empty once the turn has ended: commit and abandon
         delete them in the transaction that ends the turn)."""
+
+    # ------------------------------------------------------------------ approvals (RFC 0012 §4)
+
+    @abc.abstractmethod
+    async def park_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        run: ParkedRun,
+        requests: Sequence[tuple[str, ApprovalRequest]],
+        *,
+        expires_at: float | None,
+        lease: Lease | None = None,
+    ) -> ParkResult:
+        """Store a pending turn's run that stopped for approvals, and a pending approval per request
+        (``(new id, request)``) — kept, same id, when a pending one of the turn has the same tool and
+        arguments; other pending ones of the turn are cancelled. Fenced by ``lease``."""
+
+    @abc.abstractmethod
+    async def decide_approval(
+        self, approval_id: str, status: str, *, reason: str | None, arguments: dict[str, Any] | None
+    ) -> tuple[Approval, bool]:
+        """Decide a pending approval, once: it as decided, and whether its turn can go on now (no
+        approval of it waits). UnknownApproval; AlreadyDecided when it was decided before."""
+
+    @abc.abstractmethod
+    async def expire_approvals(self, now: float, *, limit: int = 1000) -> tuple[list[Approval], list[tuple[str, str]]]:
+        """Pending approvals past their ``expires_at`` become ``expired``: them, and the (session,
+        turn) that can go on now."""
+
+    @abc.abstractmethod
+    async def next_expiry(self) -> float | None:
+        """When the next pending approval expires (None: no pending one will)."""
+
+    @abc.abstractmethod
+    async def parked_run(self, session_id: str, turn_id: str) -> tuple[ParkedRun, list[Approval]] | None:
+        """The turn's parked run and every approval of the turn (None: it has no parked run)."""
+
+    @abc.abstractmethod
+    async def awaiting_turn(self, session_id: str) -> str | None:
+        """The session's pending turn if it awaits approval."""
+
+    @abc.abstractmethod
+    async def awaiting_sessions(self, session_ids: Sequence[str]) -> set[str]:
+        """Which of ``session_ids`` have a turn that awaits approval."""
+
+    @abc.abstractmethod
+    async def get_approval(self, approval_id: str) -> Approval | None:
+        """One approval."""
+
+    @abc.abstractmethod
+    async def list_approvals(
+        self, *, status: str | None = None, session: str | None = None, limit: int = 100, after: str | None = None
+    ) -> list[Approval]:
+        """A page of approvals, oldest first; UnknownApproval when ``after`` is unknown."""
+
+    @abc.abstractmethod
+    async def pending_approvals(self) -> int:
+        """How many approvals wait for a decision."""
+
+    @abc.abstractmethod
+    async def unpark_for_swap(self, assistant: str, model: str) -> list[tuple[str, str]]:
+        """Restart-turn: drop the parked runs of ``assistant``'s turns awaiting approval that ran on
+        another model than ``model``; those (session, turn), to re-run."""
 
     # ------------------------------------------------------------------ leases (RFC 0009 §3)
 

@@ -41,7 +41,8 @@ __all__ = [
     "spend_rows",
 ]
 
-SESSION_STATES: Final[frozenset[str]] = frozenset(get_args(SessionState))
+# The states a session row holds: ``awaiting_approval`` is derived from its turn (RFC 0012 §4).
+SESSION_STATES: Final[frozenset[str]] = frozenset(get_args(SessionState)) - {"awaiting_approval"}
 TURN_STATUSES: Final[frozenset[str]] = frozenset(status.value for status in TurnStatus)
 _MESSAGE_TYPES = (UserMessage, AssistantMessage, SystemMessage, ToolResult)
 #: The longest lease a replica may take (a week, like every duration in the config).

@@ -50,6 +50,9 @@ Versions:
    unpriced) — that ``GET /v1/usage`` sums in the database, by when the turn ended. And
    ``turns.trace``: the W3C trace context of the request that began a turn (JSON; NULL without
    one), so the replica that runs or adopts it continues the client's trace (RFC 0011 §4).
+11. Approvals (RFC 0012 §4): ``approvals``, one row per tool call a human decides on (its status
+    changes once, from ``pending``), and ``parked_turns``, the run of a pending turn that stopped
+    for them (JSON), deleted by the transaction that ends the turn.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ _PRICE = "currency, input_price, output_price, cached_input_price"
 _COVERED = "input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, requests, unreported, ended_at"
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -220,7 +223,43 @@ SQLITE: dict[int, tuple[str, ...]] = {
         f"CREATE INDEX turn_spend_by_assistant ON turn_spend (assistant, model, {_PRICE}, {_COVERED})",
         f"CREATE INDEX turn_spend_by_session ON turn_spend (session, model, {_PRICE}, {_COVERED})",
     ),
+    11: (
+        """
+        CREATE TABLE approvals (
+            n             INTEGER PRIMARY KEY,
+            id            TEXT NOT NULL UNIQUE,
+            session       TEXT NOT NULL,
+            turn          TEXT NOT NULL,
+            call_id       TEXT NOT NULL,
+            tool          TEXT NOT NULL,
+            arguments     TEXT NOT NULL,
+            parameters    TEXT NOT NULL DEFAULT '{}',
+            status        TEXT NOT NULL
+                          CHECK (status IN ('pending', 'approved', 'rejected', 'expired', 'cancelled')),
+            reason        TEXT,
+            requested_at  REAL NOT NULL,
+            decided_at    REAL,
+            expires_at    REAL,
+            FOREIGN KEY (session, turn) REFERENCES turns (session, id)
+        )
+        """,
+        "CREATE INDEX approvals_turn ON approvals (session, turn)",
+        "CREATE INDEX approvals_status ON approvals (status, n)",
+        "CREATE INDEX approvals_expiry ON approvals (expires_at) WHERE status = 'pending'",
+        """
+        CREATE TABLE parked_turns (
+            session    TEXT NOT NULL,
+            turn       TEXT NOT NULL,
+            run        TEXT NOT NULL,
+            model      TEXT NOT NULL,
+            parked_at  REAL NOT NULL,
+            PRIMARY KEY (session, turn),
+            FOREIGN KEY (session, turn) REFERENCES turns (session, id)
+        )
+        """,
+    ),
 }
+
 
 #: version -> the PostgreSQL statements that bring a database at version-1 to it.
 POSTGRES: dict[int, tuple[str, ...]] = {
@@ -374,5 +413,40 @@ POSTGRES: dict[int, tuple[str, ...]] = {
         )
         """,
         "CREATE INDEX turn_spend_ended ON turn_spend (ended_at)",
+    ),
+    11: (
+        """
+        CREATE TABLE approvals (
+            n             BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            id            TEXT NOT NULL UNIQUE,
+            session       TEXT NOT NULL,
+            turn          TEXT NOT NULL,
+            call_id       TEXT NOT NULL,
+            tool          TEXT NOT NULL,
+            arguments     TEXT NOT NULL,
+            parameters    TEXT NOT NULL DEFAULT '{}',
+            status        TEXT NOT NULL
+                          CHECK (status IN ('pending', 'approved', 'rejected', 'expired', 'cancelled')),
+            reason        TEXT,
+            requested_at  DOUBLE PRECISION NOT NULL,
+            decided_at    DOUBLE PRECISION,
+            expires_at    DOUBLE PRECISION,
+            FOREIGN KEY (session, turn) REFERENCES turns (session, id)
+        )
+        """,
+        "CREATE INDEX approvals_turn ON approvals (session, turn)",
+        "CREATE INDEX approvals_status ON approvals (status, n)",
+        "CREATE INDEX approvals_expiry ON approvals (expires_at) WHERE status = 'pending'",
+        """
+        CREATE TABLE parked_turns (
+            session    TEXT NOT NULL,
+            turn       TEXT NOT NULL,
+            run        TEXT NOT NULL,
+            model      TEXT NOT NULL,
+            parked_at  DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (session, turn),
+            FOREIGN KEY (session, turn) REFERENCES turns (session, id)
+        )
+        """,
     ),
 }

@@ -21,6 +21,7 @@ from agentd.config import Price
 from agentd.messages import Message, UserMessage
 from agentd.records import PENDING, JournalEntry, StartedTurn, TurnRecord
 from agentd.store import codec
+from agentd.store.approval_ops import AWAITING, end_approvals
 from agentd.store.base import (
     ORPHANS,
     CommittedTurn,
@@ -204,8 +205,11 @@ def list_sessions(
 
 
 def interrupted_turns() -> Op[list[tuple[StoredSession, StartedTurn]]]:
-    """``Store.interrupted_turns``: every pending turn of a session that is not closed, oldest first."""
-    turns = yield from fetch_all(f"{TURN_SELECT} WHERE t.status = :pending ORDER BY t.started_at, t.n", pending=PENDING)
+    """``Store.interrupted_turns``: every pending turn of a session that is not closed, oldest first
+    (but those that await approval: nothing runs them until they are decided, RFC 0012 §4)."""
+    turns = yield from fetch_all(
+        f"{TURN_SELECT} WHERE t.status = :pending AND NOT {AWAITING} ORDER BY t.started_at, t.n", pending=PENDING
+    )
     if not turns:
         return []
     rows = yield from fetch_all(
@@ -352,6 +356,7 @@ def _write_commit(
         id=session_id,
     )
     yield from prune_journal(session_id, turn["id"])
+    yield from end_approvals(session_id, turn["id"], f"the turn ended ({columns['status']})", columns["ended_at"])
     return tuple(seqs)
 
 
@@ -410,6 +415,8 @@ def abandon_turn(
         n=turn["n"],
     )
     yield from prune_journal(session_id, turn_id)
+    ended = f"the turn ended ({status}): {error}" if error else f"the turn ended ({status})"
+    yield from end_approvals(session_id, turn_id, ended, ended_at)
     yield from execute(
         "UPDATE sessions SET updated_at = :ended_at, state = CASE state WHEN 'running' THEN 'idle' ELSE state END"
         " WHERE id = :id",
@@ -572,6 +579,7 @@ def claim_orphaned(replica: str, ttl: float, limit: int) -> Op[list[Lease]]:
         "WITH orphans AS ("
         " SELECT s.id FROM sessions s JOIN turns t ON t.session = s.id AND t.status = :pending"
         " WHERE s.state != 'closed' AND (s.owner IS NULL OR (s.owner != :replica AND s.lease_expires <= {now}))"
+        f" AND NOT {AWAITING}"
         " ORDER BY t.started_at, t.n LIMIT :limit{skip_locked})"
         " UPDATE sessions SET owner = :replica, fence = sessions.fence + 1, lease_expires = {now} + :ttl"
         " FROM orphans WHERE sessions.id = orphans.id"

@@ -13,21 +13,23 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
 from agentd import events
+from agentd.approvals import Approval, ApprovalRequest, ParkedRun
 from agentd.budget import TurnStatus
 from agentd.messages import Message, UserMessage
 from agentd.obs import get_logger
 from agentd.records import JournalEntry, SessionState, StartedTurn, TurnRecord
-from agentd.store import codec, history, keys
+from agentd.store import approval_ops, codec, history, keys
 from agentd.store import operations as ops
 from agentd.store.base import (
     CommittedTurn,
     IdempotencyRecord,
     Lease,
+    ParkResult,
     ReloadRow,
     ReplicaRow,
     SpendRow,
@@ -268,6 +270,77 @@ class SqlStore(Store):
     async def journal_entries(self, session_id: str, turn_id: str) -> list[JournalEntry]:
         op = ops.journal_entries(session_id, turn_id)
         return await self._read(f"read the journal of session {session_id} turn {turn_id}", op)
+
+    # ------------------------------------------------------------------ approvals (RFC 0012 §4)
+
+    async def park_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        run: ParkedRun,
+        requests: Sequence[tuple[str, ApprovalRequest]],
+        *,
+        expires_at: float | None,
+        lease: Lease | None = None,
+    ) -> ParkResult:
+        model = run.intelligence.model if run.intelligence is not None else ""
+        op = approval_ops.park_turn(
+            session_id,
+            turn_id,
+            run=self.dialect.text(approval_ops.encode_run(run)),
+            model=self.dialect.text(model),
+            requests=requests,
+            now=time.time(),
+            expires_at=expires_at,
+            lease=lease,
+        )
+        return await self._write(f"store the approvals of session {session_id} turn {turn_id}", op)
+
+    async def decide_approval(
+        self, approval_id: str, status: str, *, reason: str | None, arguments: dict[str, Any] | None
+    ) -> tuple[Approval, bool]:
+        op = approval_ops.decide_approval(
+            approval_id,
+            status=status,
+            reason=self.dialect.text(reason),
+            arguments=None if arguments is None else self.dialect.text(codec.encode_json(arguments)),
+            now=time.time(),
+        )
+        return await self._write(f"decide approval {approval_id}", op)
+
+    async def expire_approvals(self, now: float, *, limit: int = 1000) -> tuple[list[Approval], list[tuple[str, str]]]:
+        op = approval_ops.expire_approvals(now, limit, "no decision within [limits] approval_timeout")
+        return await self._write("expire approvals", op)
+
+    async def next_expiry(self) -> float | None:
+        return await self._read("read the next approval expiry", approval_ops.next_expiry())
+
+    async def parked_run(self, session_id: str, turn_id: str) -> tuple[ParkedRun, list[Approval]] | None:
+        op = approval_ops.parked_run(session_id, turn_id)
+        return await self._read(f"read the parked run of session {session_id} turn {turn_id}", op)
+
+    async def awaiting_turn(self, session_id: str) -> str | None:
+        return await self._read(
+            f"read whether session {session_id} awaits approval", approval_ops.awaiting_turn(session_id)
+        )
+
+    async def awaiting_sessions(self, session_ids: Sequence[str]) -> set[str]:
+        return await self._read("read which sessions await approval", approval_ops.awaiting_sessions(session_ids))
+
+    async def get_approval(self, approval_id: str) -> Approval | None:
+        return await self._read(f"read approval {approval_id}", approval_ops.get_approval(approval_id))
+
+    async def list_approvals(
+        self, *, status: str | None = None, session: str | None = None, limit: int = 100, after: str | None = None
+    ) -> list[Approval]:
+        return await self._read("list approvals", approval_ops.list_approvals(status, session, limit, after))
+
+    async def pending_approvals(self) -> int:
+        return await self._read("count pending approvals", approval_ops.pending_approvals())
+
+    async def unpark_for_swap(self, assistant: str, model: str) -> list[tuple[str, str]]:
+        op = approval_ops.unpark_for_swap(assistant, model, time.time())
+        return await self._write(f"discard the parked runs of assistant {assistant}", op)
 
     # ------------------------------------------------------------------ leases
 

@@ -27,6 +27,7 @@ from agentd.config import Config, ConfigIssue, PolicyChoice
 from agentd.messages import Message
 from agentd.obs import get_logger
 from agentd.store import Store
+from agentd.supervisor.approvals import Approvals
 from agentd.supervisor.child import Child
 from agentd.supervisor.fanout import Reloader
 from agentd.supervisor.idempotency import Claim, Keys, Replay
@@ -40,6 +41,7 @@ from agentd.supervisor.session import EventItem, SessionTable
 from agentd.supervisor.turns import Turns
 from agentd.views import (
     Accepted,
+    ApprovalView,
     MessageResult,
     PostMessage,
     ReloadResult,
@@ -63,6 +65,9 @@ class Supervisor:
         self.running = Running(options, config, policy)
         self.sessions = SessionTable(self.running)
         self.membership = choose_membership(store, self.running, self.sessions)
+        self.approvals = Approvals(
+            store=store, running=self.running, sessions=self.sessions, metrics=self.running.metrics
+        )
         self.runner = TurnRunner(
             store=store,
             metrics=self.running.metrics,
@@ -73,6 +78,7 @@ class Supervisor:
             replica=self.membership.replica,
             relay=self.membership.relay,
             watched_elsewhere=self.membership.watched_elsewhere,
+            approvals=self.approvals,
         )
         self.pool = Pool(
             settings=lambda: self.running.config.supervisor,
@@ -99,7 +105,10 @@ class Supervisor:
             runner=self.runner,
             membership=self.membership,
             turns=self.turns,
+            approvals=self.approvals,
         )
+        self.approvals.attach(emit=self.runner.emit, resume=self._resume_parked)
+        self.reloader.after_swap = self._swapped
         self.keys = Keys(store, self.membership, self.running)
         self._turn_ended = anyio.Event()
 
@@ -150,6 +159,7 @@ class Supervisor:
         self.runner.attach(self.pool, tg)
         self.turns.attach(tg)
         await self.membership.start(tg, self.turns)
+        tg.start_soon(self.approvals.expire_forever)
 
     async def drain(self, grace: float) -> bool:
         """Stop accepting turns; wait up to ``grace`` for in-flight turns. True when all ended."""
@@ -171,6 +181,15 @@ class Supervisor:
 
     def _running_turns(self) -> int:
         return sum(1 for r in self.sessions.values() if r.pending is not None and r.pending.cut is None)
+
+    async def _resume_parked(self, session_id: str, turn_id: str) -> None:
+        await self.turns.resume_parked(session_id, turn_id)
+
+    async def _swapped(self, assistants: list[str]) -> None:
+        """A reload swapped ``assistants``' intelligence: under restart-turn, their turns awaiting
+        approval are discarded at once (nothing runs) and re-run on the new model (RFC 0012 §5)."""
+        for session_id, turn_id in await self.approvals.unpark_for_swap(assistants):
+            await self._resume_parked(session_id, turn_id)
 
     def _turn_finished(self) -> None:
         self._turn_ended.set()
@@ -271,3 +290,19 @@ class Supervisor:
     async def close_session(self, session_id: str) -> SessionSummary:
         """Close the session (``Operations.close_session``)."""
         return await self.operations.close_session(session_id)
+
+    async def list_approvals(
+        self, *, status: str | None = None, session: str | None = None, limit: int = 100, after: str | None = None
+    ) -> list[ApprovalView]:
+        """A page of approvals (``Operations.list_approvals``)."""
+        return await self.operations.list_approvals(status=status, session=session, limit=limit, after=after)
+
+    async def get_approval(self, approval_id: str) -> ApprovalView:
+        """One approval (``Operations.get_approval``)."""
+        return await self.operations.get_approval(approval_id)
+
+    async def decide_approval(
+        self, approval_id: str, decision: str, reason: str | None, arguments: object | None
+    ) -> ApprovalView:
+        """Approve or reject (``Operations.decide_approval``)."""
+        return await self.operations.decide_approval(approval_id, decision, reason, arguments)

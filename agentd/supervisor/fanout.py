@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
 
@@ -69,6 +69,9 @@ class Reloader:
         self.replica = replica  # this replica's id, as the reload history names it
         self.reloads: ReloadCoordinator[ReloadResult] = ReloadCoordinator(self._reload_and_record)
         self._newest: Fanout | None = None  # the newest reload's broadcast, until every child acked it
+        # Called with the assistants whose intelligence a reload changed, once it fanned out
+        # (turns awaiting approval under restart-turn re-run, RFC 0012 §5).
+        self.after_swap: Callable[[list[str]], Awaitable[None]] | None = None
 
     async def reload(self) -> ReloadResult:
         """Reload the config file (serialized; concurrent requests coalesce into one more reload)."""
@@ -139,6 +142,8 @@ class Reloader:
         self.pool.changed()  # the pool keys may have changed
         swapped, swapped_total = await self._fan_out(plan.intelligence_changed)
         self._swap_unloaded(old_intelligence)
+        if self.after_swap is not None and plan.intelligence_changed:
+            await self.after_swap(list(plan.intelligence_changed))
         changed = plan.changed + (
             ["model_swap (effective)"] if policy_changed and "model_swap" not in plan.changed else []
         )

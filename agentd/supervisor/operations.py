@@ -23,8 +23,9 @@ from agentd.errors import BadInput, Conflict, Draining, NotFound, ServiceError, 
 from agentd.messages import Message, UserMessage
 from agentd.obs import get_logger
 from agentd.protocol import Watch
-from agentd.records import SessionState
+from agentd.records import SessionState, StartedTurn
 from agentd.store import Store, StoredSession, StoreError, StoreUnavailable, UnknownSession
+from agentd.supervisor.approvals import Approvals
 from agentd.supervisor.membership import Membership
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.replica import registry_max_age, replica_views
@@ -36,6 +37,8 @@ from agentd.transfer import OpenerKind, opener_message, opener_plan, session_sta
 from agentd.usage import report, session_usage
 from agentd.views import (
     Accepted,
+    ApprovalCounts,
+    ApprovalView,
     ChildView,
     MessageResult,
     PolicyView,
@@ -74,8 +77,10 @@ class Operations:
         runner: TurnRunner,
         membership: Membership,
         turns: Turns,
+        approvals: Approvals,
     ) -> None:
         self.store = store
+        self.approvals = approvals
         self.running = running
         self.sessions = sessions
         self.pool = pool
@@ -117,6 +122,7 @@ class Operations:
             draining=running.draining,
             replica=self.membership.name,
             replicas=await self._live_replicas(),
+            approvals=ApprovalCounts(pending=await self.approvals.pending()),
         )
 
     async def _live_replicas(self) -> list[ReplicaView]:
@@ -134,6 +140,7 @@ class Operations:
         metrics.sessions.labels(state="failed").set(counts.get("failed", 0))
         metrics.sessions.labels(state="loaded").set(sum(len(c.loaded) for c in self.pool.children.values()))
         metrics.children.set(sum(1 for c in self.pool.children.values() if c.pid is not None))
+        await self.approvals.pending()  # sets agentd_approvals_pending
         return metrics.render()
 
     async def reloads(self, limit: int = 100) -> list[ReloadView]:
@@ -252,14 +259,18 @@ class Operations:
             raise BadInput(str(exc), code="bad_cursor") from None
         except StoreError as exc:
             raise store_failure(exc) from None
+        cold = [s.id for s in page if s.state == "running" and s.id not in self.sessions]
+        awaiting = await self._store(self.store.awaiting_sessions(cold)) if cold else set()
         summaries = []
         for stored in page:
-            assistant, state, generation, model = self._effective(stored)
+            on, shown, generation, model = self._effective(stored)
+            if stored.id in awaiting:
+                shown = "awaiting_approval"  # its turn waits for approvals (RFC 0012); not hot here
             summaries.append(
                 SessionSummary(
                     id=stored.id,
-                    assistant=assistant,
-                    state=state,
+                    assistant=on,
+                    state=shown,
                     generation=generation,
                     model=model,
                     turns=stored.turn_count,
@@ -273,6 +284,13 @@ class Operations:
         if stored is None:
             raise NotFound(f"no session {session_id!r}")
         assistant, state, generation, model = self._effective(stored)
+        if (
+            state in ("idle", "running")
+            and self.sessions.get(session_id) is None
+            and any(isinstance(t, StartedTurn) for t in stored.turns)
+            and await self._store(self.store.awaiting_turn(session_id)) is not None
+        ):
+            state = "awaiting_approval"  # its turn waits for approvals; the session is not loaded
         runtime = self.sessions.get(session_id)
         child = runtime.child if runtime is not None else None
         return SessionView(
@@ -353,6 +371,8 @@ class Operations:
         runtime = await self._open_runtime(session_id)
         if runtime.pending is not None:
             raise Conflict(f"session {session_id} is already running turn {runtime.pending.id}", code="turn_running")
+        if runtime.state == "awaiting_approval":
+            raise Conflict(f"session {session_id} has a turn awaiting approval", code="awaiting_approval")
         if runtime.state == "failed":
             runtime.resume_failed()  # a new message resumes a failed session
             await self._store(self.store.update_session(runtime.id, state="idle"))
@@ -421,6 +441,10 @@ class Operations:
     async def cancel(self, session_id: str) -> str:
         """Ask the child running the session's turn to cancel it; the turn then ends ``cancelled``."""
         runtime = await self._open_runtime(session_id)
+        if runtime.pending is None:  # a turn waiting for approvals ends now, with them
+            awaiting = await self._store(self.turns.end_awaiting(runtime, "cancelled while awaiting approval"))
+            if awaiting is not None:
+                return awaiting
         if runtime.pending is None:  # it may run on another replica: ask it to cancel
             elsewhere = await self.membership.cancel_elsewhere(session_id)
             if elsewhere is not None:
@@ -437,6 +461,8 @@ class Operations:
             await self.runner.end_without_result(
                 runtime, runtime.pending, TurnStatus.CANCELLED, "the session was closed"
             )
+        elif await self._store(self.turns.end_awaiting(runtime, "the session was closed")) is not None:
+            pass  # its turn waited for approvals: ended here, with them
         else:  # a turn another replica runs is cancelled there (the session stays closed)
             try:
                 await self.membership.cancel_elsewhere(session_id)
@@ -461,6 +487,24 @@ class Operations:
             generation=runtime.generation,
             model=runtime.model,
         )
+
+    # ------------------------------------------------------------------ approvals (RFC 0012 §6)
+
+    async def list_approvals(
+        self, *, status: str | None, session: str | None, limit: int, after: str | None
+    ) -> list[ApprovalView]:
+        """A page of approvals, oldest first."""
+        return await self.approvals.page(status=status, session=session, limit=limit, after=after)
+
+    async def get_approval(self, approval_id: str) -> ApprovalView:
+        """One approval."""
+        return await self.approvals.get(approval_id)
+
+    async def decide_approval(
+        self, approval_id: str, decision: str, reason: str | None, arguments: object | None
+    ) -> ApprovalView:
+        """Approve or reject, once; the turn goes on when nothing of it waits any more."""
+        return await self.approvals.decide(approval_id, decision, reason, arguments)
 
     async def _store(self, call: Awaitable[T]) -> T:
         """A store call a request needs; a store that fails refuses the request, naming what failed."""

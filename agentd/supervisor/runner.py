@@ -41,9 +41,11 @@ from agentd.protocol import (
     SwapsApplied,
     TurnDiscarded,
     TurnDone,
+    TurnParked,
 )
 from agentd.records import JournalEntry, TurnRecord
 from agentd.store import EVENTS, TURNS, CommittedTurn, LeaseLost, Store, StoreError, StoreUnavailable
+from agentd.supervisor.approvals import Approvals, load_parked, on_parked
 from agentd.supervisor.blame import CrashVerdict, blame, rerun_allowed
 from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Pool
@@ -83,8 +85,10 @@ class TurnRunner:
         replica: str = "",
         relay: EventRelay | None = None,
         watched_elsewhere: Callable[[str], bool] = lambda _session: False,
+        approvals: Approvals | None = None,
     ) -> None:
         self.store = store
+        self.approvals = approvals
         self.replica = replica  # this replica's id, in the notifications it sends
         # On a shared store: what this replica sends other replicas, in order (RFC 0009 §7), and
         # whether another replica has subscribers for a session (its events are relayed there).
@@ -130,6 +134,8 @@ class TurnRunner:
 
     async def _deliver_until_done(self, runtime: SessionRuntime, turn: PendingTurn) -> None:
         assert self.pool is not None
+        if not turn.fresh and not await load_parked(self, runtime, turn):
+            return
         while not turn.done.is_set():
             if turn.runs and not rerun_allowed(turn.budget_start, self.running.config.limits.deadline, time.time()):
                 await self.end_without_result(
@@ -212,6 +218,8 @@ class TurnRunner:
                 journal=journal,
                 trace=turn.trace,
                 resumed=not turn.fresh,
+                resume=turn.resume[0] if turn.resume is not None else None,
+                decisions=turn.resume[1] if turn.resume is not None else [],
             )
             await child.send(frame)
             while not (turn.done.is_set() or turn.lost.is_set()):
@@ -456,7 +464,7 @@ class TurnRunner:
                     runtime.waiting_for_intel(name == events.INTEL_WAITING)
                 if not runtime.held(name, turn, data):  # after a TurnDone being committed: keep the order
                     self.emit(runtime, name, turn, data)
-            case TurnDone():
+            case TurnDone() | TurnParked():
                 assert self._tg is not None
                 # Committed in a task of its own: this child's other sessions keep streaming meanwhile;
                 # this session's later events wait in its backlog, so turn.done comes first.
@@ -502,9 +510,12 @@ class TurnRunner:
             if pending is not None:
                 pending.journal_landed()
 
-    async def _on_turn_done_in_order(self, runtime: SessionRuntime, child: Child, done: TurnDone) -> None:
+    async def _on_turn_done_in_order(self, runtime: SessionRuntime, child: Child, done: TurnDone | TurnParked) -> None:
         try:
-            await self._on_turn_done(runtime, child, done)
+            if isinstance(done, TurnParked):
+                await on_parked(self, runtime, child.id, done)
+            else:
+                await self._on_turn_done(runtime, child, done)
         finally:
             for name, turn, data in runtime.release_events():
                 self.emit(runtime, name, turn, data)

@@ -20,6 +20,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from agentd import events
+from agentd.approvals import Approval, Decision, ParkedRun
 from agentd.errors import Conflict
 from agentd.messages import UserMessage
 from agentd.obs import get_logger
@@ -67,6 +68,10 @@ class PendingTurn:
     cut_code: str = "turn_cut"  # the API error code for ``cut``
     # Stored here but run by another replica (it held the session's lease): waited for in the store.
     elsewhere: bool = False
+    # RFC 0012: a run that parked for approvals goes on from here (the run, what was decided) ...
+    resume: tuple[ParkedRun, list[Decision]] | None = None
+    # ... and, once it parked, the approvals it waits for (what a waiting client is answered with).
+    awaiting: list[Approval] | None = None
 
     # Set when the current run settles: the turn ended, or its child was lost (one wait for both).
     settled: anyio.Event = field(default_factory=anyio.Event)
@@ -77,6 +82,15 @@ class PendingTurn:
     def __post_init__(self) -> None:
         if not self.budget_start:
             self.budget_start = self.started_at
+
+    def resume_from(self, run: ParkedRun, decisions: list[Decision]) -> None:
+        """It goes on from a parked run (RFC 0012 §3); its deadline counts on from what it had used."""
+        self.resume = (run, decisions)
+        self.budget_start = time.time() - run.elapsed  # the wait for approvals did not count
+
+    def waits_for(self, approvals: list[Approval]) -> None:
+        """Its run parked for ``approvals`` (what a waiting client is answered with)."""
+        self.awaiting, self.resume = approvals, None
 
     def journal_landed(self) -> None:
         """One journal write of this turn finished (written or refused)."""
@@ -203,6 +217,14 @@ class SessionRuntime:
         self.idle_since = time.monotonic()
         if self.state != "failed":
             self.state = "idle"
+
+    def turn_awaiting(self) -> None:
+        """Its turn waits for approvals (RFC 0012): nothing in flight here, no child slot held; the
+        session may unload. The turn stays pending in the store, and resumes once decided."""
+        self.pending = None
+        self.intel_waiting = False
+        self.idle_since = time.monotonic()
+        self.state = "awaiting_approval"
 
     def turn_dropped(self) -> None:
         """Its turn is another replica's now (the lease was lost): nothing in flight here."""

@@ -16,8 +16,10 @@ from collections.abc import Mapping
 
 import anyio
 import anyio.abc
+import msgspec
 
 from agentd import events
+from agentd.approvals import ApprovalStatus
 from agentd.budget import TurnStatus
 from agentd.errors import NotEnded, StoreDown, StoreFull, TurnRefused, store_failure
 from agentd.messages import UserMessage
@@ -31,7 +33,7 @@ from agentd.supervisor.pool import Pool
 from agentd.supervisor.runner import TurnRunner
 from agentd.supervisor.running import Running
 from agentd.supervisor.session import PendingTurn, SessionRuntime, SessionTable, added_entries
-from agentd.views import Entry, MessageResult, turn_view
+from agentd.views import Entry, MessageResult, approval_view, turn_view
 
 __all__ = ["ELSEWHERE_POLL", "RESUME_CONCURRENCY", "Turns", "new_id"]
 
@@ -184,6 +186,62 @@ class Turns:
             for runtime, turn in queued:
                 tg.start_soon(resume, runtime, turn)
 
+    async def resume_parked(self, session_id: str, turn_id: str) -> PendingTurn | None:
+        """A turn that waited for approvals goes on (they are all decided, or a restart-turn swap
+        discarded its parked run): registered here and driven, unless another replica holds the
+        session (its failover scan runs it) or it ended. StoreError as is."""
+        stored = await self.store.session_summary(session_id)
+        started = await self.store.pending_turn(session_id)
+        if stored is None or stored.state == "closed" or started is None or started.id != turn_id:
+            return None
+        runtime = self.sessions.hot(stored)
+        if runtime.pending is not None or runtime.closing:
+            return None
+        if not await self.membership.claim(runtime, turn_id):
+            self.sessions.evict_if_cold(runtime)
+            return None
+        # The awaits above may have let the runtime go cold (its child ended): it is hot again now.
+        if self.sessions.add(runtime) is not runtime or runtime.pending is not None:
+            return None
+        turn = PendingTurn(id=turn_id, message=started.message, started_at=started.started_at, budget_start=time.time())
+        runtime.restore(turn)
+        if started.cancel_requested:
+            await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled while it waited")
+            return None
+        runtime.run_restored()
+        self.runner.start(runtime, turn)
+        return turn
+
+    async def end_awaiting(self, runtime: SessionRuntime, reason: str) -> str | None:
+        """End the session's turn that awaits approvals ``cancelled`` (a cancel, a close): its
+        pending approvals are cancelled with it. The turn's id, or None if none awaits."""
+        turn_id = await self.store.awaiting_turn(runtime.id)
+        if turn_id is None or runtime.pending is not None:
+            return None
+        started = await self.store.pending_turn(runtime.id)
+        if started is None or started.id != turn_id or not await self.membership.claim(runtime, turn_id):
+            return None
+        found = await self.store.parked_run(runtime.id, turn_id)
+        if self.sessions.add(runtime) is not runtime or runtime.pending is not None:
+            return None  # it went cold meanwhile and another request took it up
+        waiting = [a for a in (found[1] if found else []) if a.status is ApprovalStatus.PENDING]
+        turn = PendingTurn(id=turn_id, message=started.message, started_at=started.started_at)
+        runtime.restore(turn)
+        approvals = self.runner.approvals
+        if approvals is not None:  # told before turn.done (nothing of a turn is published after it)
+            now = time.time()
+            for approval in waiting:
+                cancelled = msgspec.structs.replace(
+                    approval,
+                    status=ApprovalStatus.CANCELLED,
+                    reason=f"the turn ended (cancelled): {reason}",
+                    decided_at=now,
+                )
+                approvals.decided(runtime, cancelled)
+        # The transaction that abandons the turn cancels its pending approvals (RFC 0012 §4).
+        await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, reason)
+        return turn_id
+
     def drive(self, runtime: SessionRuntime, turn: PendingTurn) -> None:
         """Run ``turn`` (registered on ``runtime``) in the background."""
         self.runner.start(runtime, turn)
@@ -195,6 +253,9 @@ class Turns:
 
     def result(self, turn: PendingTurn) -> MessageResult:
         """What a waiting client is answered once ``turn`` has its answer."""
+        if turn.record is None and turn.awaiting is not None:  # it waits for approvals (RFC 0012)
+            started = StartedTurn(id=turn.id, message=turn.message, started_at=turn.started_at)
+            return MessageResult(turn=turn_view(started), approvals=[approval_view(a) for a in turn.awaiting])
         if turn.record is None:  # stopped without ending: the daemon is shutting down
             error = StoreFull if turn.cut_code == "store_full" else NotEnded
             raise error(f"turn {turn.id}: {turn.cut or 'not finished'}", code=turn.cut_code, turn=turn.id)

@@ -1,0 +1,153 @@
+"""Human approval of tool calls (RFC 0012): the pure pieces — which calls need one, the record of an
+approval, what a decision may change, and what a parked run carries back to its child.
+
+No I/O here. The child asks ``ApprovalRules.needs`` at a step boundary; the supervisor's owner of
+approvals (``agentd.supervisor.approvals``) stores, decides and expires them through the store;
+the status transitions are ``decided_status`` and ``rejection_text``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from agentd.budget import Usage
+from agentd.config import Intelligence
+from agentd.messages import Message
+
+__all__ = [
+    "ALL_TOOLS",
+    "Approval",
+    "ApprovalRequest",
+    "ApprovalRules",
+    "ApprovalStatus",
+    "Decision",
+    "ParkedRun",
+    "check_arguments",
+    "decided_status",
+    "rejection_text",
+]
+
+#: ``require_approval = ["*"]``: every tool that is not declared free of side effects.
+ALL_TOOLS = "*"
+
+
+class ApprovalStatus(enum.StrEnum):
+    """Where an approval is: ``pending`` until decided once, then one of the others, for good."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+class Approval(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool call a human must decide on, as stored. ``arguments`` are those that run (edited ones
+    once approved with an edit); ``parameters`` is the tool's JSON schema, to check an edit against."""
+
+    id: str
+    session: str
+    turn: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    status: ApprovalStatus = ApprovalStatus.PENDING
+    reason: str | None = None
+    requested_at: float
+    decided_at: float | None = None
+    expires_at: float | None = None
+    parameters: dict[str, Any] = {}
+
+
+class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A call of a parked step that needs an approval (from the child, in ``TurnParked``)."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    parameters: dict[str, Any] = {}
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    """What was decided for one call of a parked step (to the child, in ``Input``)."""
+
+    call_id: str
+    status: ApprovalStatus
+    reason: str | None = None
+    arguments: dict[str, Any] | None = None  # approved with an edit: these run
+
+
+class ParkedRun(msgspec.Struct, frozen=True, kw_only=True):
+    """A run of a turn that stopped at a step boundary to wait for approvals.
+
+    ``messages``: what the turn added so far, ending with the assistant message whose calls wait.
+    ``elapsed``: seconds of the turn's deadline it had used (the wait does not count).
+    ``intelligence``: what it ran on, so that finish-on-old finishes it there (RFC 0002 §4).
+    """
+
+    messages: list[Message]
+    steps: int = 0
+    usage: Usage = Usage()
+    elapsed: float = 0.0
+    intelligence: Intelligence | None = None
+    calls: tuple[str, ...] = ()  # the call ids that wait for a decision
+
+
+@dataclass(frozen=True)
+class ApprovalRules:
+    """An assistant's ``require_approval``: which of its tools wait for a human."""
+
+    refs: frozenset[str]
+
+    @classmethod
+    def of(cls, require_approval: Iterable[str]) -> ApprovalRules:
+        return cls(frozenset(require_approval))
+
+    def needs(self, ref: str | None, server: str | None, side_effect_free: bool) -> bool:
+        """Whether a call of a tool needs approval: ``ref`` is its entry in ``tools`` (a built-in or
+        ``module:function``, or ``server:tool``), ``server`` its MCP server if it has one."""
+        if not self.refs:
+            return False
+        if ALL_TOOLS in self.refs and not side_effect_free:
+            return True
+        if ref is not None and ref in self.refs:
+            return True
+        return server is not None and f"{server}:*" in self.refs
+
+
+def decided_status(decision: str) -> ApprovalStatus:
+    """The status a ``decision`` (``approve``/``reject``) leads to; ValueError for anything else."""
+    if decision == "approve":
+        return ApprovalStatus.APPROVED
+    if decision == "reject":
+        return ApprovalStatus.REJECTED
+    raise ValueError(f"decision must be 'approve' or 'reject', not {decision!r}")
+
+
+def rejection_text(tool: str, status: ApprovalStatus, reason: str | None) -> str:
+    """The error tool result the model gets for a call that was not approved."""
+    why = f": {reason}" if reason else ""
+    return f"tool {tool!r} was not run: its approval was {status.value}{why}"
+
+
+def check_arguments(arguments: Any, parameters: dict[str, Any]) -> str | None:
+    """Why edited ``arguments`` do not fit a tool's JSON schema ``parameters``, or None when they do."""
+    import jsonschema
+
+    if not isinstance(arguments, dict):
+        return f"arguments must be a JSON object, not {type(arguments).__name__}"
+    if not parameters:
+        return None
+    try:
+        jsonschema.validate(arguments, parameters)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        return f"{where + ': ' if where else ''}{exc.message}"
+    except jsonschema.SchemaError as exc:
+        return f"the tool's schema cannot be checked: {exc.message}"
+    return None
