@@ -11,11 +11,12 @@ same ids, so it never creates a second session or turn).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from agentd.errors import BadInput
 from agentd.service import Claim, Replay, Service
@@ -52,6 +53,16 @@ def fingerprint(request: Request, body: bytes) -> str:
     return digest.hexdigest()
 
 
+async def _releasing(service: Service, claim: Claim, body: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    """``body``, releasing ``claim`` once it ended: a stream is not a kept answer (RFC 0010 §7)."""
+    try:
+        async for part in body:
+            yield part
+    finally:
+        with anyio.CancelScope(shield=True):
+            await service.release_key(claim)
+
+
 async def idempotent(
     service: Service, request: Request, route: str, body: bytes, work: Callable[[Claim | None], Awaitable[Response]]
 ) -> Response:
@@ -72,7 +83,10 @@ async def idempotent(
     answered = False
     try:
         response = await work(found)
-        if 200 <= response.status_code < 300 and hasattr(response, "body"):
+        if isinstance(response, StreamingResponse):  # the key is held while it streams, then released
+            response.body_iterator = _releasing(service, found, response.body_iterator)
+            answered = True
+        elif 200 <= response.status_code < 300 and hasattr(response, "body"):
             kept = {name: response.headers[name] for name in KEPT_HEADERS if name in response.headers}
             await service.answer_key(found, response.status_code, bytes(response.body), kept)
             answered = True

@@ -1,0 +1,238 @@
+"""The door's streamed answers (RFC 0010 §7) with the official ``openai`` SDK as the client.
+
+The scripted model streams its reply in word-sized pieces (``chunk_ms``); it quotes the user and
+calls the ``clock`` tool when the user's text names it, so a turn has a tool step and an answer.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.daemon_harness import TIMEOUT, running_daemon, wait_until
+from tests.test_e2e_door import TOKEN, Door, _answers
+from tests.test_e2e_door import door_config as base_config
+
+pytestmark = pytest.mark.e2e
+
+
+def stream_config(hold: Path) -> str:
+    return base_config(hold).replace('model = "echo-small"', 'model = "echo-small"\noptions = { chunk_ms = 5 }')
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+    from tests.daemon_harness import free_port
+
+    tmp = tmp_path_factory.mktemp("doorstream")
+    port = free_port()
+    with running_daemon(
+        tmp, stream_config(tmp / "never"), args=["--listen", f"127.0.0.1:{port}"], env={"AGENTD_API_TOKEN": TOKEN}
+    ) as daemon:
+        door = Door(daemon, port)
+        wait_until(lambda: _answers(door), "the TCP listener to answer")
+        try:
+            yield door
+        finally:
+            door.tcp.close()
+            door.unix.close()
+
+
+def clients(door: Door) -> list[openai.OpenAI]:
+    return [door.tcp, door.unix]
+
+
+ASKED = "what does the clock say, twice over?"
+
+
+# --------------------------------------------------------------------------- chat completions
+
+
+def test_a_streamed_chat_completion_adds_up_to_the_non_streamed_answer(door: Door) -> None:
+    for client in clients(door):
+        whole = client.chat.completions.create(model="main", messages=[{"role": "user", "content": ASKED}])
+        raw = client.chat.completions.with_raw_response.create(
+            model="main", messages=[{"role": "user", "content": ASKED}], stream=True
+        )
+        session = raw.headers["x-agentd-session"]
+        assert raw.headers["content-type"].startswith("text/event-stream")
+        chunks = list(raw.parse())
+        assert chunks[0].choices[0].delta.role == "assistant"
+        texts = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+        assert "".join(texts) == whole.choices[0].message.content
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+        turn = chunks[0].id.removeprefix("chatcmpl-")
+        assert {c.id for c in chunks} == {f"chatcmpl-{turn}"} and chunks[-1].model == "main"
+        assert [t["id"] for t in door.daemon.session(session)["turns"]] == [turn]
+
+
+def test_include_usage_ends_with_a_usage_chunk_then_done(door: Door) -> None:
+    body = {
+        "model": "main",
+        "messages": [{"role": "user", "content": "count me"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    lines: list[str] = []
+    with (
+        httpx.Client(transport=httpx.HTTPTransport(uds=str(door.daemon.socket)), timeout=TIMEOUT) as http,
+        http.stream("POST", "http://agentd/v1/chat/completions", json=body) as answer,
+    ):
+        assert answer.status_code == 200
+        lines = [line for line in answer.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    usage = openai.types.chat.ChatCompletionChunk.model_validate_json(lines[-2].removeprefix("data: "))
+    assert usage.choices == [] and usage.usage is not None
+    turn = usage.id.removeprefix("chatcmpl-")
+    session = door.daemon.json("GET", "/v1/responses/resp_" + turn, status=200)["conversation"]["id"]
+    stored = next(t for t in door.daemon.session(session)["turns"] if t["id"] == turn)["usage"]
+    assert (usage.usage.prompt_tokens, usage.usage.completion_tokens) == (
+        stored["input_tokens"],
+        stored["output_tokens"],
+    )
+    with pytest.raises(openai.BadRequestError) as caught:
+        door.tcp.chat.completions.create(
+            model="main", messages=[{"role": "user", "content": "x"}], stream=True, stream_options={"nope": True}
+        )
+    assert caught.value.param == "stream_options.nope"
+
+
+def test_a_keyed_stream_replayed_answers_the_same_turn_as_a_short_stream(door: Door) -> None:
+    asked: dict[str, Any] = {"model": "main", "messages": [{"role": "user", "content": "keyed"}], "stream": True}
+    key = {"Idempotency-Key": "stream-1"}
+    before = len(door.daemon.json("GET", "/v1/sessions?limit=10000", status=200))
+    first = list(door.tcp.chat.completions.create(**asked, extra_headers=key))
+    again = list(door.tcp.chat.completions.create(**asked, extra_headers=key))
+    assert again[0].id == first[0].id
+    text = "".join(c.choices[0].delta.content or "" for c in first if c.choices)
+    assert "".join(c.choices[0].delta.content or "" for c in again if c.choices) == text
+    assert len(door.daemon.json("GET", "/v1/sessions?limit=10000", status=200)) == before + 1
+
+
+# --------------------------------------------------------------------------- responses
+
+ORDER = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",  # the clock's mcp_call
+    "response.output_item.done",
+    "response.output_item.added",  # the answer
+    "response.content_part.added",
+]
+CLOSING = [
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+]
+
+
+def test_a_streamed_response_in_order_and_its_final_response(door: Door) -> None:
+    for client in clients(door):
+        with client.responses.stream(model="main", input=ASKED) as stream:
+            kinds = [event.type for event in stream]
+            final = stream.get_final_response()
+        deltas = [k for k in kinds if k == "response.output_text.delta"]
+        assert deltas  # how many: as the deltas were coalesced (RFC 0000 §7)
+        assert [k for k in kinds if k != "response.output_text.delta"] == ORDER + CLOSING, kinds
+        assert kinds[len(ORDER) : len(ORDER) + len(deltas)] == deltas
+        assert final.status == "completed" and "clock" in final.output_text
+        stored = client.responses.retrieve(final.id)
+        assert stored.output_text == final.output_text
+        assert [i.id for i in stored.output] == [i.id for i in final.output]
+
+
+def test_create_stream_true_numbers_its_events_and_names_the_final_items(door: Door) -> None:
+    events = list(door.unix.responses.create(model="main", input=ASKED, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    completed = events[-1]
+    assert completed.type == "response.completed"
+    assert [i.id for i in done] == [i.id for i in completed.response.output]
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == completed.response.output_text
+
+
+@pytest.mark.anyio
+async def test_the_async_client_streams_over_tcp_and_the_socket(door: Door) -> None:
+    tcp = openai.AsyncOpenAI(base_url=door.base_url, api_key=TOKEN, max_retries=0, timeout=TIMEOUT)
+    unix = openai.AsyncOpenAI(
+        base_url="http://agentd/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=TIMEOUT,
+        http_client=httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(door.daemon.socket))),
+    )
+    for client in (tcp, unix):
+        async with client:
+            whole = await client.chat.completions.create(model="main", messages=[{"role": "user", "content": ASKED}])
+            streamed = await client.chat.completions.create(
+                model="main", messages=[{"role": "user", "content": ASKED}], stream=True
+            )
+            text = "".join([c.choices[0].delta.content or "" async for c in streamed if c.choices])
+            assert text == whole.choices[0].message.content
+            async with client.responses.stream(model="main", input="async stream") as stream:
+                async for _ in stream:
+                    pass
+                final = await stream.get_final_response()
+            assert final.status == "completed" and "async stream" in final.output_text
+
+
+# --------------------------------------------------------------------------- stream_reset
+
+
+def swap_config(model: str, hold: Path) -> str:
+    return f"""
+[intelligence]
+provider = "scripted"
+model = "{model}"
+options = {{ chunk_ms = 1, hold_file = "{hold}" }}
+
+[[assistants]]
+name = "main"
+first_message_mode = "assistant-waits-for-user"
+"""
+
+
+def test_a_restart_after_text_went_out_ends_the_stream_with_stream_reset(tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    with running_daemon(tmp_path, swap_config("old-model", hold), args=["--model-swap", "restart-turn"]) as daemon:
+        client = openai.OpenAI(
+            base_url="http://agentd/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=TIMEOUT,
+            http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.socket))),
+        )
+        conversation = client.conversations.create()
+        native = daemon.events(conversation.id)
+        stream = client.responses.create(
+            model="main", input="say this twice", conversation=conversation.id, stream=True
+        )
+        seen = [next(iter(stream))]
+        native.wait("step.started", lambda d: True)
+        daemon.write_config(swap_config("new-model", hold))
+        daemon.signal(signal.SIGHUP)
+        native.wait("swap.parked", lambda d: True)
+        hold.touch()
+        seen += list(stream)
+        kinds = [e.type for e in seen]
+        assert "response.output_text.delta" in kinds and kinds[-1] == "error", kinds
+        error = seen[-1]
+        assert error.type == "error" and error.code == "stream_reset"
+        sent = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+        assert sent and sent in "[old-model] You said: say this twice"
+        response_id = seen[0].response.id
+        final = wait_until(
+            lambda: (r := client.responses.retrieve(response_id)).status == "completed" and r,
+            "the turn to end after the reset",
+        )
+        assert final.output_text == "[new-model] You said: say this twice"
+        client.close()
