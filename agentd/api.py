@@ -44,7 +44,9 @@ from agentd.apicommon import (
     status_of,
 )
 from agentd.apikeys import CREDENTIAL, idempotent
+from agentd.door.chatstream import STREAM_EVENTS as CHAT_STREAM_EVENTS
 from agentd.door.errors import door_error, is_door_path
+from agentd.door.responsestream import STREAM_EVENTS as RESPONSE_STREAM_EVENTS
 from agentd.door.routes import door_handlers
 from agentd.door.shapes import (
     ChatCompletion,
@@ -248,17 +250,18 @@ DOCS: dict[str, RouteDoc] = {
         "a model", {200: ModelObject}, errors={404: ("model_not_found",)}, error_body=DoorErrorBody, tag="door"
     ),
     "chat_completion": RouteDoc(
-        "a chat completion: a turn (not streamed)",
+        "a chat completion: a turn (streamed with stream true: RFC 0010 §7)",
         {200: ChatCompletion},
         ChatRequest,
         errors=_codes(BODY, CREATING, TURN, DOOR_BODY, DOOR_TURN),
         keyed=True,
         headers=SESSION_HEADER,
+        streamed=CHAT_STREAM_EVENTS,
         error_body=DoorErrorBody,
         tag="door",
     ),
     "create_response": RouteDoc(
-        "a response: a turn (not streamed)",
+        "a response: a turn (streamed with stream true: RFC 0010 §7)",
         {200: ResponseObject},
         ResponsesRequest,
         errors=_codes(
@@ -269,6 +272,7 @@ DOCS: dict[str, RouteDoc] = {
             {400: ("previous_response_not_latest", "conflicting_parameters", "not_found"), 404: ("turn_not_found",)},
         ),
         keyed=True,
+        streamed=RESPONSE_STREAM_EVENTS,
         error_body=DoorErrorBody,
         tag="door",
     ),

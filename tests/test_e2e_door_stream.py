@@ -7,7 +7,7 @@ calls the ``clock`` tool when the user's text names it, so a turn has a tool ste
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.daemon_harness import TIMEOUT, running_daemon, wait_until
+from tests.daemon_harness import TIMEOUT, Daemon, running_daemon, wait_until
 from tests.test_e2e_door import TOKEN, Door, _answers
 from tests.test_e2e_door import door_config as base_config
 
@@ -185,6 +185,40 @@ async def test_the_async_client_streams_over_tcp_and_the_socket(door: Door) -> N
             assert final.status == "completed" and "async stream" in final.output_text
 
 
+def test_a_cancelled_turn_ends_its_streams_as_the_non_streamed_answer_would(door: Door) -> None:
+    conversation = door.tcp.conversations.create(metadata={"assistant": "held"})
+    events = iter(door.tcp.responses.create(model="held", input="wait", conversation=conversation.id, stream=True))
+    created = next(events)
+    assert created.type == "response.created" and created.response.status == "in_progress"
+    door.tcp.responses.cancel(created.response.id)
+    rest = list(events)
+    assert rest[-1].type == "response.failed" and rest[-1].response.status == "cancelled"
+
+    session = door.daemon.new_session("held")
+    chunks = iter(
+        door.unix.chat.completions.create(
+            model="held",
+            messages=[{"role": "user", "content": "wait"}],
+            stream=True,
+            extra_headers={"X-Agentd-Session": session, "Idempotency-Key": "held-stream"},
+        )
+    )
+    first = next(chunks)
+    with pytest.raises(openai.ConflictError) as busy:  # the key is held while its stream runs
+        door.unix.chat.completions.create(
+            model="held",
+            messages=[{"role": "user", "content": "wait"}],
+            stream=True,
+            extra_headers={"X-Agentd-Session": session, "Idempotency-Key": "held-stream"},
+        )
+    assert busy.value.code == "idempotency_in_progress"
+    door.daemon.json("POST", f"/v1/sessions/{session}/cancel", status=202)
+    with pytest.raises(openai.APIError) as ended:
+        list(chunks)
+    assert ended.value.code == "turn_cancelled"
+    assert first.id == "chatcmpl-" + door.daemon.session(session)["turns"][0]["id"]
+
+
 # --------------------------------------------------------------------------- stream_reset
 
 
@@ -201,34 +235,43 @@ first_message_mode = "assistant-waits-for-user"
 """
 
 
-def test_a_restart_after_text_went_out_ends_the_stream_with_stream_reset(tmp_path: Path) -> None:
+def _swapped_mid_stream(daemon: Daemon, hold: Path, session: str, start: Callable[[], Iterator[Any]]) -> list[Any]:
+    """What a door stream ``start`` gives when a restart-turn swap discards text it already sent."""
+    native = daemon.events(session)
+    stream = start()
+    seen = [next(stream)]  # the turn was accepted: its step waits on the hold file
+    native.wait("step.started", lambda d: True)
+    daemon.write_config(swap_config("new-model", hold))
+    daemon.signal(signal.SIGHUP)
+    native.wait("swap.parked", lambda d: True)
+    hold.touch()
+    try:
+        for event in stream:
+            seen.append(event)
+    except openai.APIError as exc:  # a chat stream's error: the SDK raises it
+        seen.append(exc)
+    return seen
+
+
+def test_a_restart_after_text_went_out_ends_a_response_stream_with_stream_reset(tmp_path: Path) -> None:
     hold = tmp_path / "hold"
     with running_daemon(tmp_path, swap_config("old-model", hold), args=["--model-swap", "restart-turn"]) as daemon:
-        client = openai.OpenAI(
-            base_url="http://agentd/v1",
-            api_key="unused",
-            max_retries=0,
-            timeout=TIMEOUT,
-            http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.socket))),
-        )
+        client = unix_client(daemon)
         conversation = client.conversations.create()
-        native = daemon.events(conversation.id)
-        stream = client.responses.create(
-            model="main", input="say this twice", conversation=conversation.id, stream=True
+        seen = _swapped_mid_stream(
+            daemon,
+            hold,
+            conversation.id,
+            lambda: iter(
+                client.responses.create(model="main", input="say this twice", conversation=conversation.id, stream=True)
+            ),
         )
-        seen = [next(iter(stream))]
-        native.wait("step.started", lambda d: True)
-        daemon.write_config(swap_config("new-model", hold))
-        daemon.signal(signal.SIGHUP)
-        native.wait("swap.parked", lambda d: True)
-        hold.touch()
-        seen += list(stream)
         kinds = [e.type for e in seen]
         assert "response.output_text.delta" in kinds and kinds[-1] == "error", kinds
-        error = seen[-1]
-        assert error.type == "error" and error.code == "stream_reset"
+        assert seen[-1].code == "stream_reset"
+        assert [e.sequence_number for e in seen] == list(range(len(seen)))
         sent = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
-        assert sent and sent in "[old-model] You said: say this twice"
+        assert sent and "[old-model] You said: say this twice".startswith(sent)
         response_id = seen[0].response.id
         final = wait_until(
             lambda: (r := client.responses.retrieve(response_id)).status == "completed" and r,
@@ -236,3 +279,42 @@ def test_a_restart_after_text_went_out_ends_the_stream_with_stream_reset(tmp_pat
         )
         assert final.output_text == "[new-model] You said: say this twice"
         client.close()
+
+
+def test_a_restart_after_text_went_out_ends_a_chat_stream_with_stream_reset(tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    with running_daemon(tmp_path, swap_config("old-model", hold), args=["--model-swap", "restart-turn"]) as daemon:
+        client = unix_client(daemon)
+        session = daemon.new_session()
+        seen = _swapped_mid_stream(
+            daemon,
+            hold,
+            session,
+            lambda: iter(
+                client.chat.completions.create(
+                    model="main",
+                    messages=[{"role": "user", "content": "say this twice"}],
+                    stream=True,
+                    extra_headers={"X-Agentd-Session": session},
+                )
+            ),
+        )
+        error = seen[-1]
+        assert isinstance(error, openai.APIError) and error.code == "stream_reset", seen
+        sent = "".join(c.choices[0].delta.content or "" for c in seen[:-1] if c.choices)
+        assert sent and "[old-model] You said: say this twice".startswith(sent)
+        turn = seen[0].id.removeprefix("chatcmpl-")
+        assert daemon.turn(session, turn)["status"] == "completed"
+        said = [e["content"] for e in daemon.session(session)["transcript"] if e["role"] == "assistant"]
+        assert said[-1] == "[new-model] You said: say this twice"
+        client.close()
+
+
+def unix_client(daemon: Daemon) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url="http://agentd/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=TIMEOUT,
+        http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.socket))),
+    )

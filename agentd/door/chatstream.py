@@ -23,9 +23,11 @@ from agentd.door.stream import KEEP_ALIVE, Ended, Followed, followed, sse
 from agentd.errors import ServiceError
 from agentd.service import Service
 
-__all__ = ["DONE", "STREAM_RESET", "chat_stream", "reset_error"]
+__all__ = ["DONE", "STREAM_EVENTS", "STREAM_RESET", "chat_stream", "reset_error"]
 
 DONE = b"data: [DONE]\n\n"
+#: What a streamed chat completion sends (data-only events: the chunks, an error, the end mark).
+STREAM_EVENTS = ("chat.completion.chunk", "error", "[DONE]")
 #: The code of the error that ends a stream whose text the turn took back.
 STREAM_RESET = "stream_reset"
 SEPARATOR = "\n\n"

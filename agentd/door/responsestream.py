@@ -26,8 +26,23 @@ from agentd.door.shapes import McpCall, OutputMessage, OutputText, ResponseConve
 from agentd.door.stream import KEEP_ALIVE, Ended, Followed, followed, sse
 from agentd.service import Service
 
-__all__ = ["TERMINAL", "response_stream"]
+__all__ = ["STREAM_EVENTS", "TERMINAL", "response_stream"]
 
+#: Every event a streamed Response sends (its OpenAPI document lists them).
+STREAM_EVENTS = (
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+    "error",
+)
 #: The event that ends a stream, by the Response's status.
 TERMINAL = {
     "completed": "response.completed",
