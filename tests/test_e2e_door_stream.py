@@ -318,3 +318,47 @@ def unix_client(daemon: Daemon) -> openai.OpenAI:
         timeout=TIMEOUT,
         http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.socket))),
     )
+
+
+TRANSFER_CONFIG = """
+[intelligence]
+provider = "scripted"
+model = "echo-small"
+options = { chunk_ms = 2 }
+
+[[assistants]]
+name = "front"
+system = "You are the front desk."
+first_message_mode = "assistant-waits-for-user"
+
+[[assistants.transfers]]
+to = "back"
+message = "Over to back."
+
+[[assistants]]
+name = "back"
+system = "You are the back office."
+first_message = "Back office here."
+"""
+
+
+def test_text_a_transfer_adds_without_streaming_it_ends_the_streams(tmp_path: Path) -> None:
+    asked = "please transfer me to back"
+    with running_daemon(tmp_path, TRANSFER_CONFIG) as daemon:
+        client = unix_client(daemon)
+        whole = client.chat.completions.create(model="front", messages=[{"role": "user", "content": asked}])
+        chunks = list(
+            client.chat.completions.create(model="front", messages=[{"role": "user", "content": asked}], stream=True)
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == whole.choices[0].message.content and "\n\n" in text, text
+        assert chunks[-1].model == whole.model
+        with client.responses.stream(model="front", input=asked) as stream:
+            events = list(stream)
+            final = stream.get_final_response()
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        done = [e.item.id for e in events if e.type == "response.output_item.done"]
+        assert done == [item.id for item in final.output]
+        stored = client.responses.retrieve(final.id)
+        assert [i.id for i in stored.output] == done and stored.output_text == final.output_text
+        client.close()

@@ -60,7 +60,7 @@ async def create(service: Service, request: Request) -> Response:
                 service, session, post, turn_id=claim.turn if claim else None, resumed=claim.resumed if claim else False
             )
             chunks = chat_stream(service, turn, model=body.model, include_usage=usage_chunk)
-            return sse_response(chunks, headers={SESSION_HEADER: session})
+            return sse_response(service, turn, chunks, headers={SESSION_HEADER: session})
         result = await service.send_message(
             session,
             post,

@@ -108,7 +108,7 @@ async def create(service: Service, request: Request) -> Response:
             events = response_stream(
                 service, turn, model=body.model, previous=body.previous_response_id, metadata=body.metadata
             )
-            return sse_response(events)
+            return sse_response(service, turn, events)
         result = await service.send_message(
             session,
             post,

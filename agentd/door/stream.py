@@ -18,6 +18,7 @@ import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from agentd import events
 from agentd.door.follow import Happening, Sent, follow
@@ -95,29 +96,25 @@ async def ended(service: Service, session: str, turn_id: str) -> Ended:
 
 async def followed(service: Service, turn: Followed, *, shows_tools: bool) -> AsyncIterator[Happening | Ended | None]:
     """What the stream says as the turn runs (None: a keep-alive is due), then how it ended."""
-    subscription = turn.events
+    subscription = turn.events  # closed, and unsubscribed, by the response (``sse_response``)
     if subscription is not None:
         sent = Sent(shows_tools=shows_tools)
-        try:
-            async with subscription:
-                while True:
-                    with anyio.move_on_after(KEEP_ALIVE_SECONDS) as idle:
-                        try:
-                            name, data = await subscription.receive()
-                        except anyio.EndOfStream:
-                            break  # dropped or closed: the end is read from the store
-                    if idle.cancelled_caught:
-                        yield None
-                        continue
-                    if data.get("turn") != turn.turn:
-                        continue
-                    if name == events.TURN_DONE:
-                        break
-                    sent, happened = follow(sent, name, data)
-                    for happening in happened:
-                        yield happening
-        finally:
-            service.unsubscribed(turn.session)
+        while True:
+            with anyio.move_on_after(KEEP_ALIVE_SECONDS) as idle:
+                try:
+                    name, data = await subscription.receive()
+                except anyio.EndOfStream:
+                    break  # dropped or closed: the end is read from the store
+            if idle.cancelled_caught:
+                yield None
+                continue
+            if data.get("turn") != turn.turn:
+                continue
+            if name == events.TURN_DONE:
+                break
+            sent, happened = follow(sent, name, data)
+            for happening in happened:
+                yield happening
     yield await ended(service, turn.session, turn.turn)
 
 
@@ -127,13 +124,30 @@ def sse(data: Any, event: str | None = None) -> bytes:
     return head + b"data: " + msgspec.json.encode(data) + b"\n\n"
 
 
-def sse_response(body: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> StreamingResponse:
-    """``body`` as a ``text/event-stream`` answer (not buffered by proxies)."""
-    return StreamingResponse(
-        body,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
-    )
+class _TurnStream(StreamingResponse):
+    """A stream that lets go of its subscription once it was sent, or failed to be — even when its
+    body never started (a client gone before the first byte)."""
+
+    def __init__(self, body: AsyncIterator[bytes], turn: Followed, service: Service, headers: dict[str, str]) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=headers)
+        self.turn = turn
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.turn.events is not None:
+                self.turn.events.close()
+                self.service.unsubscribed(self.turn.session)  # the session need not stay hot for it
+
+
+def sse_response(
+    service: Service, turn: Followed, body: AsyncIterator[bytes], headers: dict[str, str] | None = None
+) -> StreamingResponse:
+    """``body``, the stream of ``turn``, as a ``text/event-stream`` answer (not buffered by proxies)."""
+    sent = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
+    return _TurnStream(body, turn, service, sent)
 
 
 def texts_of(entries: Sequence[Entry]) -> list[str]:
