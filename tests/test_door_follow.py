@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from agentd import events
 from agentd.api import ALL_ROUTES, DOCS
 from agentd.door.follow import Happening, Rerun, Sent, StepEnded, TakenBack, Text, ToolEnded, ToolStarted, follow
+from agentd.door.responsestream import ItemWriter, Numbered, stream_end
+from agentd.door.shapes import McpCall, OutputMessage, OutputText, ResponseObject
 from agentd.openapi import document
 
 
@@ -90,3 +94,48 @@ def test_the_openapi_document_names_the_streamed_answers() -> None:
         answer = paths[path]["post"]["responses"]["200"]
         assert set(answer["content"]) == {"application/json", "text/event-stream"}
         assert answer["x-agentd-events"][0] == first and answer["x-agentd-events"][-1] == last
+
+
+def _final(*items: OutputMessage | McpCall) -> ResponseObject:
+    return ResponseObject(id="resp_t_1", created_at=0, status="completed", model="main", output=list(items), usage=None)
+
+
+def _events(raw: list[bytes]) -> list[dict[str, Any]]:
+    return [msgspec.json.decode(chunk.split(b"data: ", 1)[1]) for chunk in raw]
+
+
+def test_the_end_of_a_response_stream_sends_what_it_did_not_show() -> None:
+    writer = ItemWriter(Numbered())
+    writer.open_message("msg_t_1_3")
+    writer.text("msg_t_1_3", "It is ")
+    answer = OutputMessage(id="msg_t_1_3", role="assistant", content=[OutputText(text="It is noon.")])
+    opener = OutputMessage(id="msg_t_1_5", role="assistant", content=[OutputText(text="Hello.")])
+    sent = _events(stream_end(writer, _final(answer, opener)))
+    assert [e["type"] for e in sent] == [
+        "response.output_text.delta",  # the rest of the open message
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",  # a message that did not stream
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert sent[0]["delta"] == "noon." and sent[6]["delta"] == "Hello."
+    assert [e["sequence_number"] for e in sent] == list(range(3, 3 + len(sent)))
+
+
+def test_a_response_stream_that_showed_what_the_answer_has_not_ends_with_stream_reset() -> None:
+    writer = ItemWriter(Numbered())
+    writer.open_message("msg_t_1_3")
+    writer.text("msg_t_1_3", "Old words")
+    answer = OutputMessage(id="msg_t_1_3", role="assistant", content=[OutputText(text="New words")])
+    [error] = _events(stream_end(writer, _final(answer)))
+    assert (error["type"], error["code"]) == ("error", "stream_reset")
+    other = ItemWriter(Numbered())
+    other.tool(McpCall(id="mcp_t_1_c9", server_label="agentd", name="clock", arguments="{}"), done=False)
+    [error] = _events(stream_end(other, _final(answer)))
+    assert error["code"] == "stream_reset"

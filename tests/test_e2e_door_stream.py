@@ -219,6 +219,34 @@ def test_a_cancelled_turn_ends_its_streams_as_the_non_streamed_answer_would(door
     assert first.id == "chatcmpl-" + door.daemon.session(session)["turns"][0]["id"]
 
 
+def test_a_client_gone_mid_stream_leaves_the_turn_running_and_the_key_free(door: Door) -> None:
+    session = door.daemon.new_session("held")
+    asked: dict[str, Any] = {
+        "model": "held",
+        "messages": [{"role": "user", "content": "wait"}],
+        "stream": True,
+        "extra_headers": {"X-Agentd-Session": session, "Idempotency-Key": "gone-stream"},
+    }
+    stream = door.tcp.chat.completions.create(**asked)
+    first = next(iter(stream))
+    stream.close()  # the client goes away; the turn waits on its hold file
+    turn = first.id.removeprefix("chatcmpl-")
+
+    def retried() -> Any:
+        try:
+            return iter(door.tcp.chat.completions.create(**asked))
+        except openai.ConflictError:  # until the server noticed the client went away
+            return None
+
+    again = wait_until(retried, "the key to be released once its stream ended")
+    assert door.daemon.turn(session, turn, finished=False)["status"] == "pending"
+    door.daemon.json("POST", f"/v1/sessions/{session}/cancel", status=202)
+    with pytest.raises(openai.APIError) as ended:
+        list(again)  # a short stream of the same turn: not begun again
+    assert ended.value.code == "turn_cancelled"
+    assert [t["id"] for t in door.daemon.session(session)["turns"]] == [turn]
+
+
 # --------------------------------------------------------------------------- stream_reset
 
 

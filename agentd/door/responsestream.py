@@ -26,7 +26,7 @@ from agentd.door.shapes import McpCall, OutputMessage, OutputText, ResponseConve
 from agentd.door.stream import KEEP_ALIVE, Ended, Followed, followed, sse
 from agentd.service import Service
 
-__all__ = ["STREAM_EVENTS", "TERMINAL", "response_stream"]
+__all__ = ["STREAM_EVENTS", "TERMINAL", "ItemWriter", "Numbered", "response_stream", "stream_end"]
 
 #: Every event a streamed Response sends (its OpenAPI document lists them).
 STREAM_EVENTS = (
@@ -61,7 +61,7 @@ class _Shown(msgspec.Struct, kw_only=True):
     open: bool = True
 
 
-class _Events:
+class Numbered:
     """Numbers the events of one stream (``sequence_number``)."""
 
     def __init__(self) -> None:
@@ -77,10 +77,10 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": []}
 
 
-class _Writer:
+class ItemWriter:
     """The events of one stream's output items."""
 
-    def __init__(self, emit: _Events) -> None:
+    def __init__(self, emit: Numbered) -> None:
         self.emit = emit
         self.items: dict[str, _Shown] = {}  # item id -> what was shown
 
@@ -128,8 +128,8 @@ async def response_stream(
     metadata: dict[str, str] | None,
 ) -> AsyncIterator[bytes]:
     """The SSE body of a streamed Response of ``turn``."""
-    emit = _Events()
-    writer = _Writer(emit)
+    emit = Numbered()
+    writer = ItemWriter(emit)
     start = ResponseObject(
         id=response_id(turn.turn),
         created_at=turn.created,
@@ -190,7 +190,7 @@ async def response_stream(
                 previous=previous,
                 metadata=metadata,
             )
-            for event in _rest(writer, final):
+            for event in stream_end(writer, final):
                 yield event
             return
 
@@ -200,7 +200,7 @@ def _reset(why: str) -> dict[str, Any]:
     return {"code": error.code, "message": error.message, "param": None}
 
 
-def _rest(writer: _Writer, final: ResponseObject) -> list[bytes]:
+def stream_end(writer: ItemWriter, final: ResponseObject) -> list[bytes]:
     """The end of the stream: what it did not show of the final Response, then its terminal event."""
     out: list[bytes] = []
     final_ids = {item.id: item for item in final.output}
