@@ -97,6 +97,17 @@ def test_include_usage_ends_with_a_usage_chunk_then_done(door: Door) -> None:
         stored["input_tokens"],
         stored["output_tokens"],
     )
+    chunks = list(
+        door.tcp.chat.completions.create(
+            model="main",
+            messages=[{"role": "user", "content": "count me"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
+    assert all(c.usage is None for c in chunks[:-1])
     with pytest.raises(openai.BadRequestError) as caught:
         door.tcp.chat.completions.create(
             model="main", messages=[{"role": "user", "content": "x"}], stream=True, stream_options={"nope": True}
