@@ -26,7 +26,7 @@ from agentd.door.outcome import epoch
 from agentd.records import PENDING
 from agentd.service import Service
 from agentd.supervisor.turns import new_id
-from agentd.views import Entry, PostMessage, TurnView
+from agentd.views import Entry, PostMessage, SessionView, TurnView
 
 __all__ = ["KEEP_ALIVE", "Ended", "Followed", "begin", "ended", "followed", "sse", "sse_response", "texts_of"]
 
@@ -35,6 +35,7 @@ KEEP_ALIVE_SECONDS = 15.0
 KEEP_ALIVE = b": keep-alive\n\n"
 #: How often the end of a turn is looked for in the store when no event says it.
 END_POLL = 0.05
+END_POLL_MAX = 1.0
 
 
 class Ended(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,9 +57,8 @@ class Followed(msgspec.Struct, kw_only=True):
     events: MemoryObjectReceiveStream[tuple[str, dict[str, Any]]] | None
 
 
-async def _placed(service: Service, session: str, turn: str) -> tuple[int, int]:
+def _placed(view: SessionView, turn: str) -> tuple[int, int]:
     """The seq of the turn's user message (its entries follow it) and when the turn began."""
-    view = await service.get_session(session)
     seq = next((e.seq for e in view.transcript if e.turn == turn and e.role == "user"), -1)
     began = next((t.started_at for t in view.turns if t.id == turn), None)
     return seq, epoch(began) if began else int(time.time())
@@ -70,12 +70,12 @@ async def begin(service: Service, session: str, post: PostMessage, *, turn_id: s
     if resumed:  # an earlier request with the key may have stored the turn: it is not begun again
         view = await service.get_session(session)
         if any(t.id == turn for t in view.turns):
-            seq, created = await _placed(service, session, turn)
+            seq, created = _placed(view, turn)
             return Followed(session=session, turn=turn, user_seq=seq, created=created, events=None)
     subscription = await service.subscribe(session)
     try:
         await service.send_message(session, msgspec.structs.replace(post, wait=False), turn_id=turn, resumed=resumed)
-        seq, created = await _placed(service, session, turn)
+        seq, created = _placed(await service.get_session(session), turn)
     except BaseException:
         subscription.close()
         service.unsubscribed(session)
@@ -84,14 +84,17 @@ async def begin(service: Service, session: str, post: PostMessage, *, turn_id: s
 
 
 async def ended(service: Service, session: str, turn_id: str) -> Ended:
-    """The turn once it ended, as the store has it."""
+    """The turn once it ended, as the store has it (looked for less often the longer it runs: a
+    stream that follows the turn asks once it heard ``turn.done``; a short stream waits)."""
+    pause = END_POLL
     while True:
         view = await service.get_session(session)
         turn = next((t for t in view.turns if t.id == turn_id), None)
         if turn is not None and turn.status != PENDING:
             entries = [e for e in view.transcript if e.turn == turn_id and e.role != "user"]
             return Ended(turn=turn, entries=entries, assistant=view.assistant)
-        await anyio.sleep(END_POLL)
+        await anyio.sleep(pause)
+        pause = min(pause * 2, END_POLL_MAX)
 
 
 async def followed(service: Service, turn: Followed, *, shows_tools: bool) -> AsyncIterator[Happening | Ended | None]:
