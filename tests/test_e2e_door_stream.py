@@ -6,7 +6,9 @@ calls the ``clock`` tool when the user's text names it, so a turn has a tool ste
 
 from __future__ import annotations
 
+import json
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import openai
 import pytest
 
 from tests.daemon_harness import TIMEOUT, Daemon, running_daemon, wait_until
+from tests.fakes import FakeCall, FakeOpenAI, Fault, Reply
 from tests.test_e2e_door import TOKEN, Door, _answers
 from tests.test_e2e_door import door_config as base_config
 
@@ -400,4 +403,87 @@ def test_text_a_transfer_adds_without_streaming_it_ends_the_streams(tmp_path: Pa
         assert done == [item.id for item in final.output]
         stored = client.responses.retrieve(final.id)
         assert [i.id for i in stored.output] == done and stored.output_text == final.output_text
+        client.close()
+
+
+# --------------------------------------------------------------------------- a real wire: text before a tool call, a failover
+
+
+def fake_config(endpoints: list[str]) -> str:
+    return f"""
+[intelligence]
+provider = "openai"
+endpoints = {json.dumps(endpoints)}
+model = "fake-model"
+api_key_env = "DOOR_STREAM_KEY"
+
+[[assistants]]
+name = "main"
+system = "You help."
+first_message_mode = "assistant-waits-for-user"
+tools = ["clock"]
+"""
+
+
+def test_text_before_a_tool_call_is_part_of_the_streamed_answer(tmp_path: Path) -> None:
+    with (
+        FakeOpenAI(default=Reply(content="It is noon, I see.", pieces=4)) as server,
+        running_daemon(tmp_path, fake_config([server.url]), env={"DOOR_STREAM_KEY": "k"}) as daemon,
+    ):
+        client = unix_client(daemon)
+        looks = Reply(content="Let me look at the clock.", tool_calls=(FakeCall("clock"),), pieces=3)
+        server.script(looks)  # each turn's first step; its second is the default answer
+        whole = client.chat.completions.create(model="main", messages=[{"role": "user", "content": "time?"}])
+        server.script(looks)
+        chunks = list(
+            client.chat.completions.create(model="main", messages=[{"role": "user", "content": "time?"}], stream=True)
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == whole.choices[0].message.content == "Let me look at the clock.\n\nIt is noon, I see."
+        server.script(looks)
+        with client.responses.stream(model="main", input="time?") as stream:
+            events = list(stream)
+            final = stream.get_final_response()
+        added = [e.item.type for e in events if e.type == "response.output_item.added"]
+        assert added == ["message", "mcp_call", "message"] == [i.type for i in final.output]
+        done = [e.item.id for e in events if e.type == "response.output_item.done"]
+        assert done == [i.id for i in final.output] == [i.id for i in client.responses.retrieve(final.id).output]
+        assert final.output_text == "Let me look at the clock.It is noon, I see."
+        client.close()
+
+
+def test_a_failover_after_text_went_out_ends_the_stream_with_stream_reset(tmp_path: Path) -> None:
+    midway = threading.Event()
+    partial = Reply(content="doomed words that the failover takes back", pieces=8, midway=midway)
+    answer = "the answer that stands"
+    with (
+        FakeOpenAI(default=Reply(content=answer)) as dying,
+        FakeOpenAI(default=Reply(content=answer, pieces=4)) as healthy,
+        running_daemon(tmp_path, fake_config([dying.url, healthy.url]), env={"DOOR_STREAM_KEY": "k"}) as daemon,
+    ):
+        dying.script(Fault("drop", after=4, reply=partial))
+        client = unix_client(daemon)
+        chunks: list[Any] = []
+        stream = client.chat.completions.create(
+            model="main", messages=[{"role": "user", "content": "fail over please"}], stream=True
+        )
+
+        def read() -> None:
+            for chunk in stream:
+                chunks.append(chunk)
+                if "doomed" in (chunk.choices[0].delta.content or ""):
+                    midway.set()  # text went out: let the fault cut the answer
+
+        try:
+            with pytest.raises(openai.APIError) as reset:
+                read()
+        finally:
+            midway.set()
+        assert reset.value.code == "stream_reset"
+        assert "doomed" in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        turn = chunks[0].id.removeprefix("chatcmpl-")
+        final = wait_until(
+            lambda: (r := client.responses.retrieve(f"resp_{turn}")).status == "completed" and r, "the turn's end"
+        )
+        assert final.output_text == answer
         client.close()
