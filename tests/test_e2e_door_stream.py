@@ -19,8 +19,10 @@ import pytest
 
 from tests.daemon_harness import TIMEOUT, Daemon, running_daemon, wait_until
 from tests.fakes import FakeCall, FakeOpenAI, Fault, Reply
+from tests.pg_harness import PgServer
 from tests.test_e2e_door import TOKEN, Door, _answers
 from tests.test_e2e_door import door_config as base_config
+from tests.test_e2e_replicas import replicas
 
 pytestmark = pytest.mark.e2e
 
@@ -487,3 +489,28 @@ def test_a_failover_after_text_went_out_ends_the_stream_with_stream_reset(tmp_pa
         )
         assert final.output_text == answer
         client.close()
+
+
+# --------------------------------------------------------------------------- replicas
+
+
+def test_a_stream_for_a_session_last_run_on_another_replica_adds_up_to_its_answer(tmp_path: Path, pg: PgServer) -> None:
+    with replicas(tmp_path, pg, 2) as (started, _hold):
+        a, b = started
+        session = a.new_session("main")
+        a.send(session, "warm on a")  # its last turn ran on a; b, receiving the next, runs it (RFC 0009 §7)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(b.socket)), timeout=TIMEOUT) as http:
+            client = openai.OpenAI(base_url="http://agentd/v1", api_key="unused", max_retries=0, http_client=http)
+            chunks = list(
+                client.chat.completions.create(
+                    model="main",
+                    messages=[{"role": "user", "content": "streamed through b"}],
+                    stream=True,
+                    extra_headers={"X-Agentd-Session": session},
+                )
+            )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        turn = chunks[0].id.removeprefix("chatcmpl-")
+        stored = [e["content"] for e in a.entries(session, turn) if e["role"] == "assistant"]
+        assert text == "\n\n".join(stored) and "streamed through b" in text
+        assert chunks[-1].choices[0].finish_reason == "stop"
