@@ -192,3 +192,11 @@ def instant_param(name: str, text: str | None) -> float | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     return moment.timestamp()
+
+
+#: Paging of the API's lists.
+DEFAULT_PAGE = 100  # GET /v1/sessions without ?limit=
+MAX_PAGE = 10_000
+RELOAD_HISTORY_MAX = 1000  # GET /v1/reloads?limit= at most: the history keeps no more (RELOAD_HISTORY_KEEP)
+#: What ``GET /v1/usage`` groups by (RFC 0011 §2).
+USAGE_GROUP_BY = ("assistant", "model", "session")

@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from agentd.errors import BadInput
 from agentd.service import Claim, Replay, Service
@@ -52,6 +53,26 @@ def fingerprint(request: Request, body: bytes) -> str:
     return digest.hexdigest()
 
 
+class _KeyHeld(Response):
+    """A streamed answer holding its key until it was sent (or failed to be): a stream is not a kept
+    answer (RFC 0010 §7), so the key is then released."""
+
+    def __init__(self, stream: StreamingResponse, service: Service, claim: Claim) -> None:
+        self.stream = stream
+        self.service = service
+        self.claim = claim
+        self.status_code = stream.status_code
+        self.raw_headers = stream.raw_headers
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.stream(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.service.release_key(self.claim)
+
+
 async def idempotent(
     service: Service, request: Request, route: str, body: bytes, work: Callable[[Claim | None], Awaitable[Response]]
 ) -> Response:
@@ -72,7 +93,10 @@ async def idempotent(
     answered = False
     try:
         response = await work(found)
-        if 200 <= response.status_code < 300 and hasattr(response, "body"):
+        if isinstance(response, StreamingResponse):  # the key is held while it streams, then released
+            answered = True
+            return _KeyHeld(response, service, found)
+        elif 200 <= response.status_code < 300 and hasattr(response, "body"):
             kept = {name: response.headers[name] for name in KEPT_HEADERS if name in response.headers}
             await service.answer_key(found, response.status_code, bytes(response.body), kept)
             answered = True

@@ -44,10 +44,21 @@ class RouteDoc(NamedTuple):
     media: str | None = None
     #: The names of the events an event stream sends.
     events: Sequence[str] = ()
+    #: A route that streams on request (the door's ``stream: true``): the names of what its 200
+    #: ``text/event-stream`` answer sends, besides the JSON one.
+    streamed: Sequence[str] = ()
     #: ``door`` for the OpenAI-compatible routes, else ``agentd``.
     tag: str = "agentd"
 
 
+EVENT_STREAM = "text/event-stream"
+#: One server-sent event (OpenAPI 3.1 has a ``text/event-stream`` schema describe each event):
+#: its ``event`` name, where it has one, and its ``data`` (JSON text, or ``[DONE]``).
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    "required": ["data"],
+}
 #: Errors every route may answer with: 401 on TCP without the token, 500 for a bug.
 COMMON_ERRORS: Mapping[int, Sequence[str]] = {401: ("unauthorized",), 500: ("internal",)}
 
@@ -109,6 +120,10 @@ def _operation(
         if doc.events:
             answer["description"] = "events: " + ", ".join(doc.events)
             answer["x-agentd-events"] = list(doc.events)
+        if doc.streamed and status == 200:
+            content[EVENT_STREAM] = {"schema": SSE_EVENT}
+            answer["description"] = "JSON; with stream true, text/event-stream of: " + ", ".join(doc.streamed)
+            answer["x-agentd-events"] = list(doc.streamed)
         responses[str(status)] = answer
     errors = {**COMMON_ERRORS, **doc.errors}
     if doc.error_body is not None:

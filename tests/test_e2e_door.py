@@ -186,7 +186,7 @@ def test_what_agentd_does_not_serve_is_a_400_naming_the_parameter(door: Door) ->
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     cases: list[tuple[dict[str, Any], str, str]] = [
         ({"tools": [tool]}, "tools", "unsupported_parameter"),
-        ({"stream": True}, "stream", "unsupported_parameter"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
         ({"temperature": 0.5}, "temperature", "unknown_parameter"),
     ]
     for extra, param, code in cases:

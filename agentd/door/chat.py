@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions`` (RFC 0010 §1), not streamed: a turn of an ordinary session.
+"""``POST /v1/chat/completions`` (RFC 0010 §1, streamed: §7): a turn of an ordinary session.
 
 With ``X-Agentd-Session: ID`` the request's last (user) message is posted to that session, which
 keeps the conversation (the earlier messages of the request are not read). Without it a session
@@ -13,9 +13,11 @@ from starlette.responses import Response
 
 from agentd.apicommon import MESSAGE_LIMIT, JSONResponse, decode_bytes, read_body, request_trace
 from agentd.apikeys import idempotent
-from agentd.door.inputs import assistant_of, last_user, message_of, refuse_unserved, said
+from agentd.door.chatstream import chat_stream
+from agentd.door.inputs import assistant_of, include_usage, last_user, message_of, refuse_unserved, said
 from agentd.door.outcome import chat_completion
 from agentd.door.shapes import ChatRequest
+from agentd.door.stream import begin, sse_response
 from agentd.service import Claim, Service
 from agentd.views import MessageResult, PostMessage
 
@@ -29,7 +31,8 @@ async def create(service: Service, request: Request) -> Response:
     """Answer a chat completion request with the turn it is."""
     raw = await read_body(request, service.config.server.max_message_bytes, MESSAGE_LIMIT)
     body: ChatRequest = decode_bytes(raw, ChatRequest)
-    refuse_unserved(body.tools, body.stream)
+    refuse_unserved(body.tools)
+    usage_chunk = include_usage(body.stream, body.stream_options)
     assistant = assistant_of(service.config, body.model)
     spoken = [(m.role, said(m.content, f"messages[{i}].content")) for i, m in enumerate(body.messages)]
     last = last_user(spoken, "messages")
@@ -51,9 +54,16 @@ async def create(service: Service, request: Request) -> Response:
                 opener=False,
             )
             session = created.id
+        post = PostMessage(content=last.text, images=last.images or None)
+        if body.stream:
+            turn = await begin(
+                service, session, post, turn_id=claim.turn if claim else None, resumed=claim.resumed if claim else False
+            )
+            chunks = chat_stream(service, turn, model=body.model, include_usage=usage_chunk)
+            return sse_response(service, turn, chunks, headers={SESSION_HEADER: session})
         result = await service.send_message(
             session,
-            PostMessage(content=last.text, images=last.images or None),
+            post,
             turn_id=claim.turn if claim else None,
             resumed=claim.resumed if claim else False,
             trace=request_trace(request),

@@ -40,6 +40,7 @@ __all__ = [
     "door_route",
     "error_of",
     "is_door_path",
+    "type_of",
 ]
 
 #: The door's paths (its routes are these or under them).
@@ -87,7 +88,8 @@ def is_door_path(path: str) -> bool:
     return any(path == p or path.startswith(p + "/") for p in DOOR_PATHS)
 
 
-def _type_of(error: ServiceError) -> str:
+def type_of(error: ServiceError) -> str:
+    """OpenAI's error ``type`` of a domain error."""
     for kind in type(error).__mro__:
         if kind in DOOR_TYPE:
             return DOOR_TYPE[kind]
@@ -137,7 +139,7 @@ def error_of(error: ServiceError, request: Request) -> JSONResponse:
     status = status_of(error)
     param, code = _param_and_code(error)
     headers = _retry_headers(error, status, keyed="idempotency-key" in request.headers)
-    return door_error(status, error.message, type=_type_of(error), code=code, param=param, headers=headers)
+    return door_error(status, error.message, type=type_of(error), code=code, param=param, headers=headers)
 
 
 def door_route(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:

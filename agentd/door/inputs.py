@@ -11,7 +11,7 @@ from agentd.door.shapes import ImagePart, InputImage, InputText, OutputTextIn, P
 from agentd.errors import NotFound
 from agentd.messages import AssistantMessage, Message, SystemMessage, UserMessage
 
-__all__ = ["Said", "assistant_of", "last_user", "message_of", "refuse_unserved", "said"]
+__all__ = ["Said", "assistant_of", "include_usage", "last_user", "message_of", "refuse_unserved", "said"]
 
 DATA_URL = "data:"
 
@@ -75,18 +75,28 @@ def message_of(role: str, content: str | Sequence[Part] | None, param: str) -> M
     return SystemMessage(content=text.text, images=images)  # system, developer
 
 
-def refuse_unserved(tools: object, stream: bool | None) -> None:
-    """Client-side tools are not served (agentd runs its assistants' own tools); neither, yet, is streaming."""
+def refuse_unserved(tools: object) -> None:
+    """Client-side tools are not served: agentd runs its assistants' own tools."""
     if tools:
         raise Unsupported(
             "tools",
             "tools: agentd runs its assistants' own tools (configured per assistant) and takes none from "
             "the client; send the request without tools",
         )
-    if stream:
-        raise Unsupported(
-            "stream", "stream: this agentd does not stream the door's answers yet; send the request with stream false"
-        )
+
+
+def include_usage(stream: bool | None, options: dict[str, object] | None) -> bool:
+    """Whether a streamed chat completion ends with a ``usage`` chunk (``stream_options.include_usage``)."""
+    if options is None:
+        return False
+    if not stream:
+        raise ParamError("stream_options", "stream_options: only with stream true")
+    for name, value in options.items():
+        if name != "include_usage":
+            raise Unsupported(f"stream_options.{name}", f"stream_options.{name}: agentd serves include_usage only")
+        if not isinstance(value, bool):
+            raise ParamError("stream_options.include_usage", "stream_options.include_usage: true or false")
+    return bool(options.get("include_usage"))
 
 
 def last_user(said_by: Sequence[tuple[str, Said]], param: str) -> Said:

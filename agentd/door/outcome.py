@@ -36,6 +36,7 @@ from agentd.records import PENDING
 from agentd.views import Entry, TurnView
 
 __all__ = [
+    "CHAT_PREFIX",
     "OUTCOMES",
     "Outcome",
     "TurnFailed",
@@ -44,6 +45,7 @@ __all__ = [
     "items_of",
     "response_id",
     "response_object",
+    "server_label",
     "turn_of_response",
 ]
 
@@ -99,7 +101,7 @@ def turn_of_response(response: str) -> str | None:
     return response[len(RESPONSE_PREFIX) :] if response.startswith(RESPONSE_PREFIX) else None
 
 
-def _server_label(tool: str) -> str:
+def server_label(tool: str) -> str:
     """``server:tool`` runs on MCP server ``server``; a built-in tool on agentd itself."""
     server, sep, _ = tool.partition(":")
     return server if sep else "agentd"
@@ -121,7 +123,7 @@ def items_of(entries: Sequence[Entry], *, prefix: str, inputs: bool) -> list[Ite
                 items.append(
                     McpCall(
                         id=f"mcp_{prefix}{call.id}",
-                        server_label=_server_label(call.name),
+                        server_label=server_label(call.name),
                         name=call.name,
                         arguments=msgspec.json.encode(call.arguments).decode(),
                     )

@@ -1,4 +1,4 @@
-"""``/v1/responses`` (RFC 0010 §1), not streamed: a Response is a turn, ``resp_<turn id>``.
+"""``/v1/responses`` (RFC 0010 §1, streamed: §7): a Response is a turn, ``resp_<turn id>``.
 
 ``conversation`` names a session; ``previous_response_id`` continues the session of that
 response, which must be its latest turn; neither: a new session, seeded with the input's earlier
@@ -17,7 +17,9 @@ from agentd.apikeys import idempotent
 from agentd.door.errors import ParamError, Unsupported
 from agentd.door.inputs import assistant_of, last_user, message_of, refuse_unserved, said
 from agentd.door.outcome import response_object, turn_of_response
+from agentd.door.responsestream import response_stream
 from agentd.door.shapes import ConversationRef, InputItem, ResponsesRequest
+from agentd.door.stream import begin, sse_response
 from agentd.errors import Conflict, NotFound
 from agentd.messages import Message, SystemMessage
 from agentd.records import PENDING
@@ -70,7 +72,7 @@ async def create(service: Service, request: Request) -> Response:
     """Answer a Responses request with the turn it is."""
     raw = await read_body(request, service.config.server.max_message_bytes, MESSAGE_LIMIT)
     body: ResponsesRequest = decode_bytes(raw, ResponsesRequest)
-    refuse_unserved(body.tools, body.stream)
+    refuse_unserved(body.tools)
     assistant = assistant_of(service.config, body.model)
     items = _items(body)
     spoken = [(item.role, said(item.content, f"input[{i}].content")) for i, item in enumerate(items)]
@@ -98,9 +100,18 @@ async def create(service: Service, request: Request) -> Response:
                 opener=False,
             )
             session = created.id
+        post = PostMessage(content=last.text, images=last.images or None)
+        if body.stream:
+            turn = await begin(
+                service, session, post, turn_id=claim.turn if claim else None, resumed=claim.resumed if claim else False
+            )
+            events = response_stream(
+                service, turn, model=body.model, previous=body.previous_response_id, metadata=body.metadata
+            )
+            return sse_response(service, turn, events)
         result = await service.send_message(
             session,
-            PostMessage(content=last.text, images=last.images or None),
+            post,
             turn_id=claim.turn if claim else None,
             resumed=claim.resumed if claim else False,
             trace=request_trace(request),

@@ -12,10 +12,13 @@ import msgspec
 
 __all__ = [
     "ChatChoice",
+    "ChatChunk",
     "ChatCompletion",
     "ChatMessage",
     "ChatRequest",
     "ChatUsage",
+    "ChunkChoice",
+    "ChunkDelta",
     "ConversationCreate",
     "ConversationDeleted",
     "ConversationObject",
@@ -39,6 +42,7 @@ __all__ = [
     "ResponseObject",
     "ResponseUsage",
     "ResponsesRequest",
+    "StreamErrorBody",
     "TextPart",
 ]
 
@@ -131,6 +135,36 @@ class ChatCompletion(_Body, kw_only=True):
     choices: list[ChatChoice]
     usage: ChatUsage
     system_fingerprint: str | None = None
+
+
+class ChunkDelta(_Body, kw_only=True, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Body, kw_only=True):
+    index: int = 0
+    delta: ChunkDelta
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class ChatChunk(_Body, kw_only=True):
+    """A ``chat.completion.chunk`` of a streamed chat completion (RFC 0010 §7)."""
+
+    id: str  # chatcmpl-<turn id>
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: ChatUsage | None = None
+    system_fingerprint: str | None = None
+
+
+class StreamErrorBody(_Body, kw_only=True):
+    """How a streamed chat completion ends when it cannot go on (RFC 0010 §7): the SDK raises it."""
+
+    error: DoorError
 
 
 # --------------------------------------------------------------------------- responses

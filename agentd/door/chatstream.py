@@ -1,0 +1,102 @@
+"""A streamed chat completion (RFC 0010 §7): the turn's text as ``chat.completion.chunk``s.
+
+The first chunk says ``role: "assistant"``; then the content of every step as it streams, a
+blank line (``"\\n\\n"``) before a step's text when text went out before — so the chunks join to
+exactly the non-streamed ``content`` (the assistant's texts joined by a blank line); text the
+stream did not carry (a transfer's opener does not stream) follows once the turn ended. Then a
+chunk with ``finish_reason``, a chunk with ``usage`` and no ``choices`` when
+``stream_options.include_usage``, and ``data: [DONE]``. A turn that ended without an answer, or
+text that must be taken back (``stream_reset``), ends the stream with ``data: {"error": …}``,
+which the SDK raises as ``APIError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Literal
+
+from agentd.door.errors import type_of
+from agentd.door.follow import Rerun, TakenBack, Text
+from agentd.door.outcome import CHAT_PREFIX, chat_completion
+from agentd.door.shapes import ChatChunk, ChatUsage, ChunkChoice, ChunkDelta, DoorError, StreamErrorBody
+from agentd.door.stream import KEEP_ALIVE, Ended, Followed, followed, sse
+from agentd.errors import ServiceError
+from agentd.service import Service
+
+__all__ = ["DONE", "STREAM_EVENTS", "STREAM_RESET", "chat_stream", "reset_error"]
+
+DONE = b"data: [DONE]\n\n"
+#: What a streamed chat completion sends (data-only events: the chunks, an error, the end mark).
+STREAM_EVENTS = ("chat.completion.chunk", "error", "[DONE]")
+#: The code of the error that ends a stream whose text the turn took back.
+STREAM_RESET = "stream_reset"
+SEPARATOR = "\n\n"
+
+
+def reset_error(why: str) -> DoorError:
+    """The ``stream_reset`` error: what was sent is not the answer; the turn goes on."""
+    return DoorError(
+        message=f"the answer streamed so far is taken back: {why}; the turn goes on — ask for its result"
+        " (GET /v1/responses/resp_<turn id>, or the session)",
+        type="server_error",
+        code=STREAM_RESET,
+    )
+
+
+async def chat_stream(service: Service, turn: Followed, *, model: str, include_usage: bool) -> AsyncIterator[bytes]:
+    """The SSE body of a streamed chat completion of ``turn``."""
+
+    def chunk(delta: ChunkDelta, finish: Literal["stop", "length"] | None = None, *, asked: str = model) -> bytes:
+        choice = ChunkChoice(delta=delta, finish_reason=finish)
+        return sse(ChatChunk(id=CHAT_PREFIX + turn.turn, created=turn.created, model=asked, choices=[choice]))
+
+    yield chunk(ChunkDelta(role="assistant", content=""))
+    sent = ""
+    texted: set[int] = set()
+    async for happening in followed(service, turn, shows_tools=False):
+        if happening is None:
+            yield KEEP_ALIVE
+        elif isinstance(happening, Text):
+            piece = happening.text
+            if happening.step not in texted:
+                texted.add(happening.step)
+                piece = (SEPARATOR if sent else "") + piece
+            sent += piece
+            yield chunk(ChunkDelta(content=piece))
+        elif isinstance(happening, Rerun):
+            texted.clear()  # nothing of the run before went out
+        elif isinstance(happening, TakenBack):
+            yield sse(StreamErrorBody(error=reset_error(happening.reason)))
+            return
+        elif isinstance(happening, Ended):
+            async for tail in _ending(happening, sent, chunk, model, include_usage):
+                yield tail
+            return
+
+
+async def _ending(
+    ended: Ended, sent: str, chunk: Callable[..., bytes], model: str, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """The end of the stream: the text it did not carry, ``finish_reason``, ``usage``, ``[DONE]``."""
+    try:
+        completion = chat_completion(ended.turn, ended.entries, model=model)
+    except ServiceError as exc:  # the turn gave no answer (cancelled, failed): its error, as non-streamed
+        yield sse(StreamErrorBody(error=DoorError(message=exc.message, type=type_of(exc), code=exc.code)))
+        return
+    answer = completion.choices[0].message.content or ""
+    if not answer.startswith(sent):
+        yield sse(StreamErrorBody(error=reset_error("the turn's answer is not the text streamed")))
+        return
+    if answer[len(sent) :]:
+        yield chunk(ChunkDelta(content=answer[len(sent) :]))
+    yield chunk(ChunkDelta(), completion.choices[0].finish_reason, asked=completion.model)
+    if include_usage:
+        usage = ChatUsage(
+            prompt_tokens=completion.usage.prompt_tokens,
+            completion_tokens=completion.usage.completion_tokens,
+            total_tokens=completion.usage.total_tokens,
+        )
+        yield sse(
+            ChatChunk(id=completion.id, created=completion.created, model=completion.model, choices=[], usage=usage)
+        )
+    yield DONE

@@ -1,0 +1,158 @@
+"""A door turn followed as it runs (RFC 0010 §7): the subscription, the turn, its end.
+
+``begin`` subscribes to the session *before* it posts the message (so the turn's first delta is
+heard), and answers errors of the post as the non-streamed door does — nothing has been sent yet.
+``followed`` then gives what the stream says (``agentd.door.follow``) until the turn ends, and
+the turn as it ended (``Ended``: the same view and entries ``GET /v1/responses/{id}`` shows). A
+subscription that ends early (a subscriber too slow is dropped, RFC 0000 §7) loses nothing: the
+end is read from the store, and the encoders send what the stream missed (``rest_of``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import anyio
+import msgspec
+from anyio.streams.memory import MemoryObjectReceiveStream
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from agentd import events
+from agentd.door.follow import Happening, Sent, follow
+from agentd.door.outcome import epoch
+from agentd.records import PENDING
+from agentd.service import Service
+from agentd.supervisor.turns import new_id
+from agentd.views import Entry, PostMessage, SessionView, TurnView
+
+__all__ = ["KEEP_ALIVE", "Ended", "Followed", "begin", "ended", "followed", "sse", "sse_response", "texts_of"]
+
+#: Seconds of silence after which a stream sends a comment, as the native event stream does.
+KEEP_ALIVE_SECONDS = 15.0
+KEEP_ALIVE = b": keep-alive\n\n"
+#: How often the end of a turn is looked for in the store when no event says it.
+END_POLL = 0.05
+END_POLL_MAX = 1.0
+
+
+class Ended(msgspec.Struct, frozen=True, kw_only=True):
+    """The turn as it ended, with the entries it added (its input left out), and the session's assistant."""
+
+    turn: TurnView
+    entries: list[Entry]
+    assistant: str
+
+
+class Followed(msgspec.Struct, kw_only=True):
+    """A turn being followed: its session, id, the seq of its user message, and the subscription
+    (None: the turn was stored by an earlier request with the same key — it is only waited for)."""
+
+    session: str
+    turn: str
+    user_seq: int
+    created: int  # epoch seconds: when the turn began
+    events: MemoryObjectReceiveStream[tuple[str, dict[str, Any]]] | None
+
+
+def _placed(view: SessionView, turn: str) -> tuple[int, int]:
+    """The seq of the turn's user message (its entries follow it) and when the turn began."""
+    seq = next((e.seq for e in view.transcript if e.turn == turn and e.role == "user"), -1)
+    began = next((t.started_at for t in view.turns if t.id == turn), None)
+    return seq, epoch(began) if began else int(time.time())
+
+
+async def begin(service: Service, session: str, post: PostMessage, *, turn_id: str | None, resumed: bool) -> Followed:
+    """Subscribe to ``session`` and post ``post`` to it (not waiting); the turn to follow."""
+    turn = turn_id or new_id("t")
+    if resumed:  # an earlier request with the key may have stored the turn: it is not begun again
+        view = await service.get_session(session)
+        if any(t.id == turn for t in view.turns):
+            seq, created = _placed(view, turn)
+            return Followed(session=session, turn=turn, user_seq=seq, created=created, events=None)
+    subscription = await service.subscribe(session)
+    try:
+        await service.send_message(session, msgspec.structs.replace(post, wait=False), turn_id=turn, resumed=resumed)
+        seq, created = _placed(await service.get_session(session), turn)
+    except BaseException:
+        subscription.close()
+        service.unsubscribed(session)
+        raise
+    return Followed(session=session, turn=turn, user_seq=seq, created=created, events=subscription)
+
+
+async def ended(service: Service, session: str, turn_id: str) -> Ended:
+    """The turn once it ended, as the store has it (looked for less often the longer it runs: a
+    stream that follows the turn asks once it heard ``turn.done``; a short stream waits)."""
+    pause = END_POLL
+    while True:
+        view = await service.get_session(session)
+        turn = next((t for t in view.turns if t.id == turn_id), None)
+        if turn is not None and turn.status != PENDING:
+            entries = [e for e in view.transcript if e.turn == turn_id and e.role != "user"]
+            return Ended(turn=turn, entries=entries, assistant=view.assistant)
+        await anyio.sleep(pause)
+        pause = min(pause * 2, END_POLL_MAX)
+
+
+async def followed(service: Service, turn: Followed, *, shows_tools: bool) -> AsyncIterator[Happening | Ended | None]:
+    """What the stream says as the turn runs (None: a keep-alive is due), then how it ended."""
+    subscription = turn.events  # closed, and unsubscribed, by the response (``sse_response``)
+    if subscription is not None:
+        sent = Sent(shows_tools=shows_tools)
+        while True:
+            with anyio.move_on_after(KEEP_ALIVE_SECONDS) as idle:
+                try:
+                    name, data = await subscription.receive()
+                except anyio.EndOfStream:
+                    break  # dropped or closed: the end is read from the store
+            if idle.cancelled_caught:
+                yield None
+                continue
+            if data.get("turn") != turn.turn:
+                continue
+            if name == events.TURN_DONE:
+                break
+            sent, happened = follow(sent, name, data)
+            for happening in happened:
+                yield happening
+    yield await ended(service, turn.session, turn.turn)
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One server-sent event: ``data`` as JSON (``event:`` named when given)."""
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + msgspec.json.encode(data) + b"\n\n"
+
+
+class _TurnStream(StreamingResponse):
+    """A stream that lets go of its subscription once it was sent, or failed to be — even when its
+    body never started (a client gone before the first byte)."""
+
+    def __init__(self, body: AsyncIterator[bytes], turn: Followed, service: Service, headers: dict[str, str]) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=headers)
+        self.turn = turn
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.turn.events is not None:
+                self.turn.events.close()
+                self.service.unsubscribed(self.turn.session)  # the session need not stay hot for it
+
+
+def sse_response(
+    service: Service, turn: Followed, body: AsyncIterator[bytes], headers: dict[str, str] | None = None
+) -> StreamingResponse:
+    """``body``, the stream of ``turn``, as a ``text/event-stream`` answer (not buffered by proxies)."""
+    sent = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
+    return _TurnStream(body, turn, service, sent)
+
+
+def texts_of(entries: Sequence[Entry]) -> list[str]:
+    """The assistant's texts of a turn, as the non-streamed door shows them."""
+    return [e.content for e in entries if e.role == "assistant" and e.content]
