@@ -40,6 +40,7 @@ from agentd.apicommon import (
     RELOAD_HISTORY_MAX,
     STATUS,
     USAGE_GROUP_BY,
+    USAGE_PAGE,
     JSONResponse,
     decode_bytes,
     error_response,
@@ -305,7 +306,9 @@ def build_app(supervisor: Service, console: ASGIApp | None = None) -> Starlette:
             )
         since = instant_param("since", request.query_params.get("since"))
         until = instant_param("until", request.query_params.get("until"))
-        return JSONResponse(await supervisor.usage(group_by, since=since, until=until))
+        limit = page_limit(request, USAGE_PAGE, MAX_PAGE)
+        after = request.query_params.get("after") or None
+        return JSONResponse(await supervisor.usage(group_by, since=since, until=until, limit=limit, after=after))
 
     async def metrics(_: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST

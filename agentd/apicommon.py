@@ -197,6 +197,9 @@ def instant_param(name: str, text: str | None) -> float | None:
 #: Paging of the API's lists.
 DEFAULT_PAGE = 100  # GET /v1/sessions without ?limit=
 MAX_PAGE = 10_000
+#: Groups in a page of ``GET /v1/usage`` without ``?limit=`` (a report by session at 100,000
+#: sessions is paged: each page is summed in the store in well under a second, RFC 0011 §2).
+USAGE_PAGE = 1000
 RELOAD_HISTORY_MAX = 1000  # GET /v1/reloads?limit= at most: the history keeps no more (RELOAD_HISTORY_KEEP)
 #: What ``GET /v1/usage`` groups by (RFC 0011 §2).
 USAGE_GROUP_BY = ("assistant", "model", "session")

@@ -117,9 +117,11 @@ DOCS: dict[str, RouteDoc] = {
     "usage": RouteDoc(
         "usage and cost of the turns that ended in a time range, grouped",
         {200: UsageReport},
-        errors=_codes(STORE, {400: ("bad_usage_query",)}),
+        errors=_codes(STORE, {400: ("bad_usage_query", "bad_limit")}),
         query={
             "group_by": ({"type": "string", "enum": list(USAGE_GROUP_BY)}, "what to group by (default model)"),
+            "limit": ({"type": "integer", "minimum": 1, "maximum": MAX_PAGE}, "groups in the page (default 1000)"),
+            "after": ({"type": "string"}, "the page's groups sort after this key (the previous page's next)"),
             "since": ({"type": "string"}, "epoch seconds or an ISO 8601 time: turns that ended at or after it"),
             "until": ({"type": "string"}, "epoch seconds or an ISO 8601 time: turns that ended before it"),
         },

@@ -262,6 +262,8 @@ class UsageReport(_Body, kw_only=True):
     since: str | None = None
     until: str | None = None
     groups: list[UsageGroup] = []
+    # The last group's key when the page is full: ``?after=`` it for the next page (None: the last page).
+    next: str | None = None
 
 
 class ChildView(_Body, kw_only=True):

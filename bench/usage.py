@@ -40,6 +40,7 @@ import anyio
 from scale import Agentd, Http, loadavg, open_sessions, print_run_end, source_fingerprint, throughput
 from tables import percentile, print_table
 
+from agentd.apicommon import USAGE_PAGE
 from agentd.store import SqliteStore, Store
 from agentd.store.postgres import PostgresStore
 from agentd.usage import report
@@ -148,6 +149,27 @@ async def _store_figures(db: Path | str, repeat: int, now: float) -> list[list[s
                         f"{max(t for _, t in samples) * 1000:.0f}",
                     ]
                 )
+        # GET /v1/usage pages a report (USAGE_PAGE groups without ?limit=): by session, all time, the
+        # first page and one from the middle of the key range.
+        for label, after in (("first page", None), ("middle page", "s_00008000")):
+            samples = []
+            for n in range(repeat + 1):
+                began = time.perf_counter()
+                lines = await store.usage_report("session", limit=USAGE_PAGE, after=after)
+                summed = time.perf_counter() - began
+                groups = len(report("session", lines, None, None).groups)
+                if n:
+                    samples.append((summed, time.perf_counter() - began))
+            table.append(
+                [
+                    f"session ({label}, limit {USAGE_PAGE})",
+                    "all",
+                    str(groups),
+                    f"{percentile([s for s, _ in samples], 50) * 1000:.0f}",
+                    f"{percentile([t for _, t in samples], 50) * 1000:.0f}",
+                    f"{max(t for _, t in samples) * 1000:.0f}",
+                ]
+            )
     finally:
         await store.close()
     return table

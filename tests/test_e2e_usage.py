@@ -166,6 +166,25 @@ def test_usage_is_grouped_by_assistant_model_and_session_over_a_time_range(daemo
     assert bad.status_code == 400 and "since" in bad.json()["error"]["message"]
 
 
+def test_usage_by_session_comes_in_pages(daemon: Daemon) -> None:
+    sessions = sorted(daemon.new_session("main") for _ in range(3))
+    for session in sessions:
+        daemon.send(session, "paged")
+    seen: list[str] = []
+    after = ""
+    while True:
+        page = daemon.json("GET", f"/v1/usage?group_by=session&limit=2&after={after}", status=200)
+        assert len(page["groups"]) <= 2
+        seen += [g["key"] for g in page["groups"]]
+        if page["next"] is None:
+            break
+        assert page["next"] == page["groups"][-1]["key"]
+        after = page["next"]
+    assert seen == sorted(seen) and len(seen) == len(set(seen)) and set(sessions) <= set(seen)
+    bad = daemon.api("GET", "/v1/usage?limit=0")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_limit"
+
+
 def test_metrics_count_tokens_and_cost(daemon: Daemon) -> None:
     session = daemon.new_session("main")
     daemon.send(session, "metered words")

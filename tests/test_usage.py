@@ -361,6 +361,14 @@ async def test_usage_is_summed_by_the_store_per_group_over_a_time_range(backend:
         ranged = report("session", await store.usage_report("session", since=150.0, until=300.0), 150.0, 300.0)
         assert [g.key for g in ranged.groups] == ["s1"] and ranged.groups[0].requests == 3
         assert ranged.since is not None and ranged.since.startswith("1970-01-01T00:02:30")
+
+        # Paged: one group a page, in key order; every model row of a group stays on its page.
+        first = await store.usage_report("session", limit=1)
+        assert {row.key for row in first} == {"s1"} and {row.model for row in first} == {"gpt-4o-mini", "local"}
+        second = await store.usage_report("session", limit=1, after="s1")
+        assert {row.key for row in second} == {"s2"}
+        assert await store.usage_report("session", limit=1, after="s2") == []
+        assert {row.key for row in await store.usage_report("model", limit=5, after="gpt-4o-mini")} == {"local"}
     finally:
         await store.close()
 

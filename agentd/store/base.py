@@ -344,11 +344,18 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def usage_report(
-        self, group_by: str, *, since: float | None = None, until: float | None = None
+        self,
+        group_by: str,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[SpendRow]:
         """What turns that ended in [``since``, ``until``) spent, summed in the database per
-        ``group_by`` (``assistant``, ``model`` or ``session``), model and price (RFC 0011 §2).
-        StoreError for another ``group_by``."""
+        ``group_by`` (``assistant``, ``model`` or ``session``), model and price (RFC 0011 §2); with
+        ``limit``, only the first ``limit`` groups whose key sorts after ``after``. StoreError for
+        another ``group_by``."""
 
     @abc.abstractmethod
     async def open_sessions_by_assistant(self) -> dict[str, int]:

@@ -139,13 +139,25 @@ _SPEND_COUNTS = ("input_tokens", "output_tokens", "cached_input_tokens", "reason
 _SPEND_PRICE = ("currency", "input_price", "output_price", "cached_input_price")
 
 
-def usage_report(group_by: str, since: float | None, until: float | None) -> Op[list[SpendRow]]:
+def usage_report(
+    group_by: str, since: float | None, until: float | None, limit: int | None = None, after: str | None = None
+) -> Op[list[SpendRow]]:
     """``Store.usage_report``: token sums per group, model and price, added up by the database
-    (the ``turn_spend_ended`` index finds the time range); costs are the caller's exact arithmetic."""
+    (the ``turn_spend_ended`` index finds the time range); costs are the caller's exact arithmetic.
+    ``limit``: only the first ``limit`` groups in key order after ``after`` (a page)."""
     column = USAGE_GROUPS[group_by]
-    where = " AND ".join(
-        [cond for cond, value in (("ended_at >= :since", since), ("ended_at < :until", until)) if value is not None]
-    )
+    in_range = [
+        cond for cond, value in (("ended_at >= :since", since), ("ended_at < :until", until)) if value is not None
+    ]
+    if after is not None:
+        in_range.append(f"{column} > :after")
+    conditions = list(in_range)
+    if limit is not None:  # the page's groups: the first ``limit`` keys (the grouping's index gives their order)
+        conditions.append(
+            f"{column} IN (SELECT DISTINCT {column} FROM turn_spend"
+            f"{' WHERE ' + ' AND '.join(in_range) if in_range else ''} ORDER BY {column} LIMIT :limit)"
+        )
+    where = " AND ".join(conditions)
     sums = ", ".join(f"SUM({name}) AS {name}" for name in _SPEND_COUNTS)
     # Grouped in the order of that grouping's index (SQLite reads it without sorting).
     keys = ", ".join(dict.fromkeys((column, "model", *_SPEND_PRICE)))
@@ -154,6 +166,8 @@ def usage_report(group_by: str, since: float | None, until: float | None) -> Op[
         f"{' WHERE ' + where if where else ''} GROUP BY {keys}",
         since=since,
         until=until,
+        after=after,
+        limit=limit,
     )
     prices: dict[tuple[Any, ...], Price | None] = {}  # few distinct prices, many rows: each parsed once
     return [_spend_row(row, prices) for row in rows]

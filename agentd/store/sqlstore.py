@@ -138,11 +138,17 @@ class SqlStore(Store):
         return await self._read("count sessions by assistant", ops.open_sessions_by_assistant())
 
     async def usage_report(
-        self, group_by: str, *, since: float | None = None, until: float | None = None
+        self,
+        group_by: str,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[SpendRow]:
         if group_by not in ops.USAGE_GROUPS:
             raise StoreError(f"usage: cannot group by {group_by!r} (expected one of {', '.join(ops.USAGE_GROUPS)})")
-        return await self._read(f"sum usage by {group_by}", ops.usage_report(group_by, since, until))
+        return await self._read(f"sum usage by {group_by}", ops.usage_report(group_by, since, until, limit, after))
 
     # ------------------------------------------------------------------ turns
 

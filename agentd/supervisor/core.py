@@ -243,9 +243,11 @@ class Supervisor:
         """The session with its transcript (``Operations.get_session``)."""
         return await self.operations.get_session(session_id)
 
-    async def usage(self, group_by: str, *, since: float | None, until: float | None) -> UsageReport:
-        """Usage and cost over a time range (``Operations.usage``)."""
-        return await self.operations.usage(group_by, since=since, until=until)
+    async def usage(
+        self, group_by: str, *, since: float | None, until: float | None, limit: int, after: str | None = None
+    ) -> UsageReport:
+        """Usage and cost over a time range, a page of groups (``Operations.usage``)."""
+        return await self.operations.usage(group_by, since=since, until=until, limit=limit, after=after)
 
     async def send_message(
         self,

@@ -313,10 +313,16 @@ class Operations:
             raise NotFound(f"no turn {turn_id!r}", code="turn_not_found")
         return found[0]
 
-    async def usage(self, group_by: str, *, since: float | None, until: float | None) -> UsageReport:
-        """What turns that ended in [since, until) spent and cost, summed by the store (RFC 0011 §2)."""
-        rows = await self._store(self.store.usage_report(group_by, since=since, until=until))
-        return report(group_by, rows, since, until)
+    async def usage(
+        self, group_by: str, *, since: float | None, until: float | None, limit: int, after: str | None = None
+    ) -> UsageReport:
+        """What turns that ended in [since, until) spent and cost, summed by the store (RFC 0011 §2):
+        a page of ``limit`` groups after ``after``; ``next`` names the last one when more may follow."""
+        rows = await self._store(self.store.usage_report(group_by, since=since, until=until, limit=limit, after=after))
+        page = report(group_by, rows, since, until)
+        if len(page.groups) == limit:
+            page.next = page.groups[-1].key
+        return page
 
     def _effective(self, stored: StoredSession) -> tuple[str, SessionState, int, str]:
         """(assistant, state, generation, model) as of now: the hot runtime's, else the row's.
