@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -705,7 +706,17 @@ def test_approve_a_pending_call_and_see_its_cost(watched: Watched, console: Cons
     done = console.json("GET", f"/v1/sessions/{session_id}")
     [turn_view] = [t for t in done["turns"] if t["id"] == turn]
     cost = turn_view["usage"]["cost"]
-    assert cost is not None and cost["currency"] == "EUR" and float(cost["amount"]) > 0
+    assert cost is not None and cost["currency"] == "EUR"
+    # Every model call of the turn is priced, those before it waited for approval too (RFC 0011).
+    spent = turn_view["usage"]
+    expected = (Decimal(spent["input_tokens"]) * Decimal("2.5") + Decimal(spent["output_tokens"]) * 10) / 10**6
+    assert spent["requests"] == 2 and Decimal(cost["amount"]) == expected > 0
+    [by_model] = done["usage"]["by_model"]
+    assert (by_model["input_tokens"], by_model["output_tokens"], by_model["requests"]) == (
+        spent["input_tokens"],
+        spent["output_tokens"],
+        2,
+    )
     watched.goto(f"/console/sessions/{session_id}")  # the server's own rendering of the ended turn
     expect(row.locator(".col-cost")).to_have_text(f"{cost['amount']} EUR")
     expect(row.locator(".col-input_tokens")).to_have_text(str(turn_view["usage"]["input_tokens"]))
