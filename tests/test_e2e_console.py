@@ -751,6 +751,8 @@ def test_reject_a_call_from_the_session_page_as_it_asks(watched: Watched, consol
     expect(page.locator("#state")).to_have_text("awaiting_approval")
     expect(page.locator("#live-log")).to_contain_text("waits for approval")
     assert page.evaluate("window.agentdMarker") == "same page"
+    watched.pages_html.append(page.content())
+    watched.shot(artifacts, "11-session-awaiting-approval")
 
     # Edited arguments that do not fit are refused (400) and nothing is decided.
     watched.expected.append("status of 400")
