@@ -786,3 +786,46 @@ def test_reject_a_call_from_the_session_page_as_it_asks(watched: Watched, consol
     assert decided["status"] == "rejected" and decided["reason"] == "not now"
     watched.goto(f"/console/sessions/{session_id}")
     expect(page.locator("#transcript .role-tool").last).to_contain_text("not now")
+
+
+def test_deltas_resets_and_restarts_are_drawn_per_turn_run_and_step(watched: Watched, console: Console) -> None:
+    """The script's handlers of §7's text events, fed a made-up sequence in the real page: deltas
+    go to their (turn, run, step)'s block; step.reset empties that step's and it streams again;
+    turn.restarted, or a later run's first delta, empties the earlier runs' blocks for good."""
+    session_id = console.new_session("streamer")
+    page = watched.page
+    watched.log_in()
+    watched.goto(f"/console/sessions/{session_id}")
+    expect(page.locator("#stream-status")).to_have_text("(live)")
+    shown = page.evaluate(
+        """() => {
+      const live = {stream: document.getElementById("streaming"), status: document.getElementById("run-status"),
+        log: document.getElementById("live-log"), connection: document.getElementById("stream-status")};
+      const text = (turn, run, step) => {
+        const block = live.stream.querySelector(`[data-key="${turn}/${run}/${step}"]`);
+        return block ? [block.querySelector("pre.content").textContent, block.className] : null;
+      };
+      const d = (turn, run, step, content) => HANDLERS.delta(live, {turn, run, step, model: "m", content});
+      d("t_a", 0, 1, "Hello "); d("t_a", 0, 1, "wor");
+      HANDLERS["step.reset"](live, {turn: "t_a", run: 0, step: 1, reason: "failover"});
+      const resetLabel = live.stream.querySelector('[data-key="t_a/0/1"] .step-label').textContent;
+      d("t_a", 0, 1, "Hello world");
+      d("t_a", 0, 2, "second step");
+      const afterReset = [text("t_a", 0, 1), text("t_a", 0, 2)];
+      HANDLERS["turn.restarted"](live, {turn: "t_a", run: 1, restarts: 1, model_from: "m", model_to: "n"});
+      const afterRestart = [text("t_a", 0, 1), text("t_a", 0, 2)];
+      d("t_a", 1, 1, "From the top");
+      d("t_b", 0, 1, "other turn");
+      d("t_b", 2, 1, "re-run after a crash");  // no turn.restarted: the later run takes run 0 back
+      return {resetLabel, afterReset, afterRestart, rerun: text("t_a", 1, 1), crashed: text("t_b", 0, 1),
+        later: text("t_b", 2, 1), visible: !live.stream.hidden};
+    }"""
+    )
+    assert shown["afterReset"] == [["Hello world", "stream-step reset"], ["second step", "stream-step"]]
+    assert shown["afterRestart"] == [["", "stream-step reset discarded"], ["", "stream-step discarded"]]
+    assert shown["rerun"] == ["From the top", "stream-step"]
+    assert shown["crashed"] == ["", "stream-step discarded"]
+    assert shown["later"] == ["re-run after a crash", "stream-step"]
+    assert shown["visible"] is True
+    assert shown["resetLabel"] == "step 1: text so far discarded (failover)"
+    expect(page.locator('#streaming [data-key="t_b/0/1"] .step-label')).to_contain_text("a later run")

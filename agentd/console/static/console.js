@@ -121,6 +121,9 @@ function streamBlock(live, data) {
   const key = data.turn + "/" + data.run + "/" + data.step;
   let block = live.stream.querySelector('[data-key="' + CSS.escape(key) + '"]');
   if (!block) {
+    // A later run of the turn takes back what its earlier runs streamed (RFC 0005 §8), announced
+    // by turn.restarted or not (a re-run after a crash).
+    discardRuns(live, data.turn, Number(data.run), "a later run of the turn took it back");
     block = element("div", "stream-step");
     block.dataset.key = key;
     block.dataset.turn = data.turn;
@@ -128,20 +131,33 @@ function streamBlock(live, data) {
     block.dataset.step = data.step;
     const thinking = element("pre", "thinking");
     thinking.hidden = true;
-    block.append(element("span", "step-label muted", "step " + data.step + (data.run ? " (run " + data.run + ")" : "")),
-      thinking, element("pre", "content"));
+    block.append(element("span", "step-label muted", stepLabel(block)), thinking, element("pre", "content"));
     live.stream.append(block);
   }
   return block;
 }
 
-function discardBlock(block, why) {
-  block.classList.add("discarded");
+function stepLabel(block) {
+  return "step " + block.dataset.step + (block.dataset.run !== "0" ? " (run " + block.dataset.run + ")" : "");
+}
+
+// Empty a block's text: "reset" (its step starts over and streams again into it) or "discarded"
+// (its run was thrown away: nothing more comes into it).
+function clearBlock(block, mark, why) {
+  block.classList.add(mark);
   block.querySelector("pre.content").textContent = "";
   const thinking = block.querySelector("pre.thinking");
   thinking.textContent = "";
   thinking.hidden = true;
-  block.querySelector(".step-label").textContent = "step " + block.dataset.step + ": text discarded (" + why + ")";
+  block.querySelector(".step-label").textContent = stepLabel(block) + ": text so far discarded (" + why + ")";
+}
+
+function discardRuns(live, turn, run, why) {
+  for (const block of live.stream.querySelectorAll(".stream-step")) {
+    if (block.dataset.turn === turn && Number(block.dataset.run) < run && !block.classList.contains("discarded")) {
+      clearBlock(block, "discarded", why);
+    }
+  }
 }
 
 // A session's pending approvals and their forms, as the server renders them. A form already on
@@ -224,12 +240,10 @@ const HANDLERS = {
     live.stream.hidden = false;
   },
   "step.reset": (live, data) => {
-    discardBlock(streamBlock(live, data), data.reason || "the model call starts over");
+    clearBlock(streamBlock(live, data), "reset", data.reason || "the model call starts over");
   },
   "turn.restarted": (live, data) => {
-    for (const block of live.stream.querySelectorAll(".stream-step")) {
-      if (block.dataset.turn === data.turn && Number(block.dataset.run) < data.run) discardBlock(block, "the turn restarted");
-    }
+    discardRuns(live, data.turn, Number(data.run), "the turn restarted");
     setTurn(data.turn, { status: "pending", restarts: data.restarts });
   },
   "approval.requested": (live, data) => {
