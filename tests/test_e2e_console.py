@@ -760,6 +760,12 @@ def test_reject_a_call_from_the_session_page_as_it_asks(watched: Watched, consol
     card.get_by_role("button", name="Approve").click()
     expect(page.get_by_role("alert")).to_contain_text("bad_arguments")
     assert console.json("GET", f"/v1/approvals/{asked['id']}", status=200)["status"] == "pending"
+    # Text that is not JSON is refused naming where it broke.
+    card = page.locator(f"#approval-{asked['id']}")
+    card.get_by_label("Arguments").fill('{"label": ')
+    card.get_by_role("button", name="Approve").click()
+    expect(page.get_by_role("alert")).to_contain_text("not JSON")
+    expect(page.get_by_role("alert")).to_contain_text("line 1, column")
     # Edited arguments with a reject are refused too: a reject runs nothing.
     card = page.locator(f"#approval-{asked['id']}")
     card.get_by_label("Arguments").fill('{"label": "other"}')
@@ -829,3 +835,30 @@ def test_deltas_resets_and_restarts_are_drawn_per_turn_run_and_step(watched: Wat
     assert shown["visible"] is True
     assert shown["resetLabel"] == "step 1: text so far discarded (failover)"
     expect(page.locator('#streaming [data-key="t_b/0/1"] .step-label')).to_contain_text("a later run")
+
+
+def test_an_approval_is_decided_without_javascript(browser: Any, console: Console) -> None:
+    session_id = console.new_session("careful")
+    turn = console.json("POST", f"/v1/sessions/{session_id}/messages", {"content": "record please"}, 200)["turn"]["id"]
+    asked = _approval_of(console, session_id)
+    plain = Watched(browser, console, javascript=False)
+    try:
+        page = plain.page
+        plain.log_in()
+        plain.goto("/console/approvals")
+        card = page.locator(f"#approval-{asked['id']}")
+        card.get_by_label("Reason").fill("fine by me")
+        card.get_by_role("button", name="Approve").click()
+        expect(page.locator(".notice")).to_contain_text("Approved")
+        expect(page.locator(f'#decided tr[data-approval="{asked["id"]}"]')).to_contain_text("fine by me")
+        plain.pages_html.append(page.content())
+        wait_until(
+            lambda: console.json("GET", f"/v1/sessions/{session_id}")["turns"][-1]["status"] == "completed",
+            "the approved turn to complete",
+        )
+        plain.goto(f"/console/sessions/{session_id}")
+        expect(page.locator(f'#turns tr[data-turn="{turn}"] .status')).to_have_text("completed")
+        expect(page.locator("#transcript .role-tool").last).to_contain_text("recorded step 1")
+        plain.check_clean()
+    finally:
+        plain.close()
