@@ -18,6 +18,7 @@ import msgspec
 from agentd.budget import Usage
 from agentd.config import Intelligence
 from agentd.messages import Message
+from agentd.records import ModelSpend
 
 __all__ = [
     "ALL_TOOLS",
@@ -88,6 +89,8 @@ class ParkedRun(msgspec.Struct, frozen=True, kw_only=True):
     ``messages``: what the turn added so far, ending with the assistant message whose calls wait.
     ``elapsed``: seconds of the turn's deadline it had used (the wait does not count).
     ``intelligence``: what it ran on, so that finish-on-old finishes it there (RFC 0002 §4).
+    ``spend``: what its model calls spent per (assistant, model), so that the ended turn's
+    ``by_model`` and cost count the calls made before it waited (RFC 0011 §1).
     """
 
     messages: list[Message]
@@ -96,6 +99,7 @@ class ParkedRun(msgspec.Struct, frozen=True, kw_only=True):
     elapsed: float = 0.0
     intelligence: Intelligence | None = None
     calls: tuple[str, ...] = ()  # the call ids that wait for a decision
+    spend: tuple[ModelSpend, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,20 @@ from starlette.testclient import TestClient
 from agentd.api import CONSOLE_LISTENER, CONSOLE_PATH, BearerAuth, Service, build_waiting_app
 from agentd.console import build_console
 from agentd.console.auth import CLOCK_SKEW, SESSION_MAX_AGE, ConsoleKeys, same_origin
-from agentd.console.pages import environment, page_number, paginate
+from agentd.console.pages import (
+    NAV,
+    TURN_COLUMNS,
+    cost_text,
+    edited_arguments,
+    environment,
+    newest_decided,
+    page_number,
+    paginate,
+)
 from agentd.console.routes import _local_next
+from agentd.errors import BadInput
+from agentd.records import Cost
+from agentd.views import ApprovalView, DiscardedView, TurnView, UsageView
 
 TOKEN = "unit-test-token-0123456789"
 NOW = 1_800_000_000.0
@@ -138,6 +150,78 @@ def test_templates_escape_what_they_show() -> None:
         .render(csrf="", logged_in=False, notice=None, active="", status_code=400, message="<script>alert(1)</script>")
     )
     assert "<script>alert(1)</script>" not in html and "&lt;script&gt;" in html
+
+
+# --------------------------------------------------------------------------- usage, cost and approvals
+
+
+def test_a_cost_is_its_amount_and_currency_and_an_unknown_price_is_never_zero() -> None:
+    assert cost_text(UsageView(requests=2, cost=Cost(amount="0.0000125", currency="EUR"))) == "0.0000125 EUR"
+    assert cost_text(UsageView(input_tokens=10, requests=1, cost=None)) == "unpriced"
+    assert cost_text(UsageView()) == "—"  # no model call: nothing to price
+
+
+def test_edited_arguments_are_none_when_unchanged_and_bad_json_is_refused_naming_where() -> None:
+    original = {"label": "a", "n": 1}
+    assert edited_arguments(None, original) is None
+    assert edited_arguments("  \n", original) is None
+    assert edited_arguments('{\n  "n": 1,\n  "label": "a"\n}', original) is None  # the form's own pretty text
+    assert edited_arguments('{"label": "b"}', original) == {"label": "b"}
+    assert edited_arguments("[1]", original) == [1]  # the operation says it is not an object
+    with pytest.raises(BadInput) as refused:
+        edited_arguments('{"label": ', original)
+    assert refused.value.code == "bad_arguments" and "not JSON" in refused.value.message
+    assert "line 1, column" in refused.value.message
+
+
+def _approval(n: int, status: str) -> ApprovalView:
+    return ApprovalView(
+        id=f"ap_{n}", session="s_1", turn="t_1", call_id=f"c{n}", tool="record", arguments={}, status=status
+    )
+
+
+def test_the_newest_decided_approvals_newest_first() -> None:
+    given = [_approval(1, "approved"), _approval(2, "pending"), _approval(3, "rejected"), _approval(4, "expired")]
+    assert [a.id for a in newest_decided(given, 2)] == ["ap_4", "ap_3"]
+    assert [a.id for a in newest_decided(given, 10)] == ["ap_4", "ap_3", "ap_1"]
+    assert newest_decided([_approval(1, "pending")], 5) == []
+
+
+def test_a_turn_row_has_a_cell_per_column_with_its_cost_and_the_discarded_runs_cost() -> None:
+    turn = TurnView(
+        id="t_1",
+        status="completed",
+        models=["m"],
+        steps=1,
+        restarts=1,
+        discarded=[DiscardedView(model="old", steps=1, reason="swap", usage=UsageView(input_tokens=3, requests=1))],
+        usage=UsageView(input_tokens=7, output_tokens=2, requests=2, cost=Cost(amount="0.25", currency="USD")),
+    )
+    html = environment().get_template("turn_row.html").render(t=turn)
+    assert all(f'class="col-{name}' in html for name, _ in TURN_COLUMNS)
+    assert "0.25 USD" in html and "unpriced" in html  # the turn priced; its discarded run not
+
+
+def test_the_approval_form_is_labelled_carries_the_csrf_token_and_escapes_arguments() -> None:
+    approval = ApprovalView(
+        id="ap_1",
+        session="s_1",
+        turn="t_1",
+        call_id="c1",
+        tool="record",
+        arguments={"label": "</textarea><script>x</script>"},
+        status="pending",
+    )
+    html = (
+        environment()
+        .get_template("approval.html")
+        .render(a=approval, csrf="c5rf", back="/console/approvals", submitted={})
+    )
+    assert 'name="csrf" value="c5rf"' in html and 'action="/console/approvals/ap_1"' in html
+    assert '<label for="arguments-ap_1">' in html and '<label for="reason-ap_1">' in html
+    assert 'id="arguments-ap_1"' in html and 'id="reason-ap_1"' in html
+    assert "<script>x" not in html and "&lt;/textarea&gt;" in html
+    assert [n.key for n in NAV].count("approvals") == 1
 
 
 # --------------------------------------------------------------------------- where the console is served

@@ -146,6 +146,24 @@ def test_rejected_and_edited_and_several_calls_in_one_step(tmp_path: Path) -> No
         daemon.stop()
 
 
+def test_the_calls_before_the_wait_count_in_the_turns_spend_by_model(tmp_path: Path) -> None:
+    """A turn that parked for approval and went on: its by_model (and so its cost) counts the model
+    call made before the wait, not only those after it (RFC 0011 §1)."""
+    daemon = Daemon(tmp_path, config(RECORD, ["tests.tooling:record"])).start()
+    try:
+        session = daemon.new_session()
+        answer = daemon.send(session, "record please")
+        [waiting] = answer["approvals"]
+        decide(daemon, waiting["id"], {"decision": "approve"})
+        turn = daemon.turn(session, answer["turn"]["id"])
+        assert turn["status"] == "completed" and turn["usage"]["requests"] == 2
+        [part] = daemon.session(session)["usage"]["by_model"]
+        counts = ("input_tokens", "output_tokens", "requests")
+        assert [part[k] for k in counts] == [turn["usage"][k] for k in counts]
+    finally:
+        daemon.stop()
+
+
 def test_an_approval_expires_and_the_model_is_told(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path, config(RECORD, ["*"], limits='approval_timeout = "1s"')).start()
     try:

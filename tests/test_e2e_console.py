@@ -13,10 +13,12 @@ artifacts dir (``AGENTD_TEST_ARTIFACTS``, else the session's pytest temp dir); w
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,6 +49,9 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 BROWSER_TIMEOUT_MS = 30_000
+#: The scripted "streamer" hands its reply out a word this often: slow enough to watch (the test
+#: decides nothing by it: what the page saw is recorded as it changes, see test_watch_a_reply_stream_in).
+STREAM_CHUNK_MS = 120
 
 
 def config(hold: Path, model: str = "echo-small") -> str:
@@ -65,6 +70,24 @@ tools = ["clock"]
 name = "held"
 first_message_mode = "assistant-waits-for-user"
 intelligence = {{ options = {{ hold_file = "{hold}" }} }}
+
+[[assistants]]
+name = "streamer"
+first_message_mode = "assistant-waits-for-user"
+intelligence = {{ options = {{ chunk_ms = {STREAM_CHUNK_MS} }} }}
+
+[[assistants]]
+name = "careful"
+first_message_mode = "assistant-waits-for-user"
+tools = ["tests.tooling:record"]
+require_approval = ["tests.tooling:record"]
+intelligence = {{ model = "priced-small" }}
+
+[[prices]]
+model = "priced-small"
+currency = "EUR"
+input_per_mtok = "2.5"
+output_per_mtok = 10
 """
 
 
@@ -166,7 +189,7 @@ class Watched:
     def _failed(self, request: Any) -> None:
         # A page being left cuts its event stream and aborts the script's fetch in flight: not failures.
         left = request.url.endswith("/events") or (
-            urlsplit(request.url).path.endswith("/update") and request.failure == "net::ERR_ABORTED"
+            urlsplit(request.url).path.endswith(("/update", "/approvals")) and request.failure == "net::ERR_ABORTED"
         )
         if not left:
             self.errors.append(f"request failed: {request.url}: {request.failure}")
@@ -578,3 +601,264 @@ def test_the_forms_work_from_the_keyboard_alone(watched: Watched, console: Conso
     assert page.evaluate("document.activeElement.id") == "reload"
     page.keyboard.press("Enter")
     expect(page.locator(".notice")).to_contain_text("Reload applied")
+
+
+# --------------------------------------------------------------------------- deltas, approvals, cost
+
+#: Records what the streaming area held each time it changed, and the newest turn's status then:
+#: whether text showed before the turn ended is read from this record, never from timing.
+RECORD_STREAM = """() => {
+  window.agentdStream = [];
+  const area = document.getElementById("streaming");
+  new MutationObserver(() => {
+    const block = area.querySelector(".stream-step pre.content");
+    const status = document.querySelector("#turns tbody tr .status");
+    window.agentdStream.push({text: block ? block.textContent : "", status: status ? status.textContent : ""});
+  }).observe(area, {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def test_watch_a_reply_stream_in(watched: Watched, console: Console, artifacts: Path) -> None:
+    session_id = console.new_session("streamer")
+    page = watched.page
+    watched.log_in()
+    watched.goto(f"/console/sessions/{session_id}")
+    expect(page.locator("#stream-status")).to_have_text("(live)")
+    page.evaluate(RECORD_STREAM)
+    text = "please tell me about the weather in the mountains today and tomorrow"
+    turn = console.json("POST", f"/v1/sessions/{session_id}/messages", {"content": text, "wait": False}, 202)["turn_id"]
+    block = page.locator(f'#streaming .stream-step[data-turn="{turn}"][data-run="0"][data-step="1"] pre.content')
+    expect(block).to_contain_text("You said:")
+    expect(page.locator(f'#turns tr[data-turn="{turn}"] .status')).to_have_text("completed")
+    expect(page.locator("#streaming")).to_be_hidden()  # the entries replace it
+
+    final = console.json("GET", f"/v1/sessions/{session_id}")["transcript"][-1]
+    assert final["role"] == "assistant" and final["turn"] == turn
+    seen: list[dict[str, str]] = page.evaluate("window.agentdStream")
+    partial = [s for s in seen if s["status"] == "pending" and 0 < len(s["text"]) < len(final["content"])]
+    assert partial, f"no partial text was shown while the turn ran: {seen}"
+    assert all(final["content"].startswith(s["text"]) for s in seen)  # it grew by appending, nothing else
+    assert block.text_content() == final["content"]  # what streamed is what was stored
+    expect(page.locator("#transcript .role-assistant .content").last).to_have_text(final["content"])
+
+
+def _approval_of(console: Console, session_id: str) -> dict[str, Any]:
+    found = wait_until(
+        lambda: console.json("GET", f"/v1/approvals?status=pending&session={session_id}", status=200),
+        f"a pending approval of {session_id}",
+    )
+    return dict(found[0])
+
+
+def test_approve_a_pending_call_and_see_its_cost(watched: Watched, console: Console, artifacts: Path) -> None:
+    session_id = console.new_session("careful")
+    answer = console.json("POST", f"/v1/sessions/{session_id}/messages", {"content": 'record {"label": "x"}'}, 200)
+    turn = answer["turn"]["id"]
+    [asked] = answer["approvals"]
+    page = watched.page
+    watched.log_in()
+    expect(page.locator("#approvals-pending")).to_contain_text(re.compile(r"[1-9]\d* pending"))
+    page.get_by_role("navigation", name="Console").get_by_role("link", name="Approvals").click()
+    card = page.locator(f"#approval-{asked['id']}")
+    expect(card).to_contain_text("record")
+    expect(card.get_by_role("link", name=session_id)).to_be_visible()
+    expect(card.get_by_role("link", name=turn)).to_be_visible()
+    arguments = card.get_by_label("Arguments")
+    assert json.loads(arguments.input_value()) == asked["arguments"]
+    expect(card.locator("time").first).not_to_have_text(re.compile(r"Z$"))  # requested, in the browser's zone
+    watched.shot(artifacts, "09-approvals")
+
+    # Arguments that do not fit the tool's schema: 400, shown, the approval still pending, the text kept.
+    watched.expected.append("status of 400")
+    arguments.fill('{"label": 5}')
+    card.get_by_role("button", name="Approve").click()
+    expect(page.get_by_role("alert")).to_contain_text("bad_arguments")
+    expect(page.get_by_role("alert")).to_contain_text("label")
+    assert console.json("GET", f"/v1/approvals/{asked['id']}", status=200)["status"] == "pending"
+    card = page.locator(f"#approval-{asked['id']}")
+    assert json.loads(card.get_by_label("Arguments").input_value()) == {"label": 5}
+
+    card.get_by_label("Arguments").fill('{"label": "edited"}')
+    card.get_by_label("Reason").fill("looks right")
+    card.get_by_role("button", name="Approve").click()
+    expect(page.locator(".notice")).to_contain_text("Approved")
+    expect(page).to_have_url(f"{console.base}/console/approvals?done=approved")
+    decided = page.locator(f'#decided tr[data-approval="{asked["id"]}"]')
+    expect(decided).to_contain_text("approved")
+    expect(decided).to_contain_text("looks right")
+    decided_api = console.json("GET", f"/v1/approvals/{asked['id']}", status=200)
+    assert decided_api["status"] == "approved" and decided_api["reason"] == "looks right"
+
+    # The same decision again: 409 already_decided, shown.
+    csrf = csrf_of(page)
+    again = page.request.post(
+        f"/console/approvals/{asked['id']}",
+        form={"csrf": csrf, "decision": "reject", "next": "/console/approvals"},
+        headers={"Origin": console.base},
+        max_redirects=0,
+    )
+    assert again.status == 409 and "already_decided" in again.text()
+
+    page.get_by_role("link", name=session_id).first.click()
+    row = page.locator(f'#turns tr[data-turn="{turn}"]')
+    expect(row.locator(".status")).to_have_text("completed")
+    expect(page.locator("#transcript .role-tool").last).to_contain_text("recorded edited")
+    done = console.json("GET", f"/v1/sessions/{session_id}")
+    [turn_view] = [t for t in done["turns"] if t["id"] == turn]
+    cost = turn_view["usage"]["cost"]
+    assert cost is not None and cost["currency"] == "EUR"
+    # Every model call of the turn is priced, those before it waited for approval too (RFC 0011).
+    spent = turn_view["usage"]
+    expected = (Decimal(spent["input_tokens"]) * Decimal("2.5") + Decimal(spent["output_tokens"]) * 10) / 10**6
+    assert spent["requests"] == 2 and Decimal(cost["amount"]) == expected > 0
+    [by_model] = done["usage"]["by_model"]
+    assert (by_model["input_tokens"], by_model["output_tokens"], by_model["requests"]) == (
+        spent["input_tokens"],
+        spent["output_tokens"],
+        2,
+    )
+    watched.goto(f"/console/sessions/{session_id}")  # the server's own rendering of the ended turn
+    expect(row.locator(".col-cost")).to_have_text(f"{cost['amount']} EUR")
+    expect(row.locator(".col-input_tokens")).to_have_text(str(turn_view["usage"]["input_tokens"]))
+    usage = page.locator("#usage")
+    expect(usage.locator("tbody tr").first).to_contain_text("priced-small")
+    expect(usage.locator("tfoot")).to_contain_text(f"{done['usage']['cost']['amount']} EUR")
+    expect(page.locator("#session-usage")).to_contain_text("EUR")
+    expect(page.locator("#approvals")).to_be_hidden()  # nothing of it waits any more
+    watched.shot(artifacts, "10-session-cost")
+
+    # A model without a price: "unpriced", never 0.
+    unpriced = console.new_session("main")
+    console.json("POST", f"/v1/sessions/{unpriced}/messages", {"content": "hello"}, 200)
+    watched.goto(f"/console/sessions/{unpriced}")
+    expect(page.locator("#turns tbody tr .col-cost").first).to_have_text("unpriced")
+
+
+def test_reject_a_call_from_the_session_page_as_it_asks(watched: Watched, console: Console, artifacts: Path) -> None:
+    session_id = console.new_session("careful")
+    page = watched.page
+    watched.log_in()
+    watched.goto(f"/console/sessions/{session_id}")
+    expect(page.locator("#stream-status")).to_have_text("(live)")
+    expect(page.locator("#approvals")).to_be_hidden()
+    page.evaluate("window.agentdMarker = 'same page'")
+    turn = console.json("POST", f"/v1/sessions/{session_id}/messages", {"content": "record please"}, 200)["turn"]["id"]
+    asked = _approval_of(console, session_id)
+
+    # The approval appears live, with its form; the session awaits approval.
+    card = page.locator(f"#approval-{asked['id']}")
+    expect(card.get_by_role("button", name="Reject")).to_be_visible()
+    expect(page.locator("#state")).to_have_text("awaiting_approval")
+    expect(page.locator("#live-log")).to_contain_text("waits for approval")
+    assert page.evaluate("window.agentdMarker") == "same page"
+    watched.pages_html.append(page.content())
+    watched.shot(artifacts, "11-session-awaiting-approval")
+
+    # Edited arguments that do not fit are refused (400) and nothing is decided.
+    watched.expected.append("status of 400")
+    card.get_by_label("Arguments").fill('{"label": ["not", "a", "string"]}')
+    card.get_by_role("button", name="Approve").click()
+    expect(page.get_by_role("alert")).to_contain_text("bad_arguments")
+    assert console.json("GET", f"/v1/approvals/{asked['id']}", status=200)["status"] == "pending"
+    # Text that is not JSON is refused naming where it broke.
+    card = page.locator(f"#approval-{asked['id']}")
+    card.get_by_label("Arguments").fill('{"label": ')
+    card.get_by_role("button", name="Approve").click()
+    expect(page.get_by_role("alert")).to_contain_text("not JSON")
+    expect(page.get_by_role("alert")).to_contain_text("line 1, column")
+    # Edited arguments with a reject are refused too: a reject runs nothing.
+    card = page.locator(f"#approval-{asked['id']}")
+    card.get_by_label("Arguments").fill('{"label": "other"}')
+    card.get_by_role("button", name="Reject").click()
+    expect(page.get_by_role("alert")).to_contain_text("only be edited by an approve")
+    assert console.json("GET", f"/v1/approvals/{asked['id']}", status=200)["status"] == "pending"
+
+    # Back on the session page, from the keyboard: the reason, then Tab to Reject and Enter.
+    watched.goto(f"/console/sessions/{session_id}")
+    card = page.locator(f"#approval-{asked['id']}")
+    card.get_by_label("Reason").focus()
+    page.keyboard.type("not now")
+    page.keyboard.press("Tab")  # Approve
+    page.keyboard.press("Tab")  # Reject
+    assert page.evaluate("document.activeElement.textContent") == "Reject"
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{console.base}/console/sessions/{session_id}?done=rejected_call")
+    expect(page.locator(".notice")).to_contain_text("Rejected")
+    row = page.locator(f'#turns tr[data-turn="{turn}"]')
+    expect(row.locator(".status")).to_have_text("completed")
+    result = [e for e in console.json("GET", f"/v1/sessions/{session_id}")["transcript"] if e["role"] == "tool"]
+    assert result and result[-1]["is_error"] and "not now" in result[-1]["content"]
+    decided = console.json("GET", f"/v1/approvals/{asked['id']}", status=200)
+    assert decided["status"] == "rejected" and decided["reason"] == "not now"
+    watched.goto(f"/console/sessions/{session_id}")
+    expect(page.locator("#transcript .role-tool").last).to_contain_text("not now")
+
+
+def test_deltas_resets_and_restarts_are_drawn_per_turn_run_and_step(watched: Watched, console: Console) -> None:
+    """The script's handlers of §7's text events, fed a made-up sequence in the real page: deltas
+    go to their (turn, run, step)'s block; step.reset empties that step's and it streams again;
+    turn.restarted, or a later run's first delta, empties the earlier runs' blocks for good."""
+    session_id = console.new_session("streamer")
+    page = watched.page
+    watched.log_in()
+    watched.goto(f"/console/sessions/{session_id}")
+    expect(page.locator("#stream-status")).to_have_text("(live)")
+    shown = page.evaluate(
+        """() => {
+      const live = {stream: document.getElementById("streaming"), status: document.getElementById("run-status"),
+        log: document.getElementById("live-log"), connection: document.getElementById("stream-status")};
+      const text = (turn, run, step) => {
+        const block = live.stream.querySelector(`[data-key="${turn}/${run}/${step}"]`);
+        return block ? [block.querySelector("pre.content").textContent, block.className] : null;
+      };
+      const d = (turn, run, step, content) => HANDLERS.delta(live, {turn, run, step, model: "m", content});
+      d("t_a", 0, 1, "Hello "); d("t_a", 0, 1, "wor");
+      HANDLERS["step.reset"](live, {turn: "t_a", run: 0, step: 1, reason: "failover"});
+      const resetLabel = live.stream.querySelector('[data-key="t_a/0/1"] .step-label').textContent;
+      d("t_a", 0, 1, "Hello world");
+      d("t_a", 0, 2, "second step");
+      const afterReset = [text("t_a", 0, 1), text("t_a", 0, 2)];
+      HANDLERS["turn.restarted"](live, {turn: "t_a", run: 1, restarts: 1, model_from: "m", model_to: "n"});
+      const afterRestart = [text("t_a", 0, 1), text("t_a", 0, 2)];
+      d("t_a", 1, 1, "From the top");
+      d("t_b", 0, 1, "other turn");
+      d("t_b", 2, 1, "re-run after a crash");  // no turn.restarted: the later run takes run 0 back
+      return {resetLabel, afterReset, afterRestart, rerun: text("t_a", 1, 1), crashed: text("t_b", 0, 1),
+        later: text("t_b", 2, 1), visible: !live.stream.hidden};
+    }"""
+    )
+    assert shown["afterReset"] == [["Hello world", "stream-step reset"], ["second step", "stream-step"]]
+    assert shown["afterRestart"] == [["", "stream-step reset discarded"], ["", "stream-step discarded"]]
+    assert shown["rerun"] == ["From the top", "stream-step"]
+    assert shown["crashed"] == ["", "stream-step discarded"]
+    assert shown["later"] == ["re-run after a crash", "stream-step"]
+    assert shown["visible"] is True
+    assert shown["resetLabel"] == "step 1: text so far discarded (failover)"
+    expect(page.locator('#streaming [data-key="t_b/0/1"] .step-label')).to_contain_text("a later run")
+
+
+def test_an_approval_is_decided_without_javascript(browser: Any, console: Console) -> None:
+    session_id = console.new_session("careful")
+    turn = console.json("POST", f"/v1/sessions/{session_id}/messages", {"content": "record please"}, 200)["turn"]["id"]
+    asked = _approval_of(console, session_id)
+    plain = Watched(browser, console, javascript=False)
+    try:
+        page = plain.page
+        plain.log_in()
+        plain.goto("/console/approvals")
+        card = page.locator(f"#approval-{asked['id']}")
+        card.get_by_label("Reason").fill("fine by me")
+        card.get_by_role("button", name="Approve").click()
+        expect(page.locator(".notice")).to_contain_text("Approved")
+        expect(page.locator(f'#decided tr[data-approval="{asked["id"]}"]')).to_contain_text("fine by me")
+        plain.pages_html.append(page.content())
+        wait_until(
+            lambda: console.json("GET", f"/v1/sessions/{session_id}")["turns"][-1]["status"] == "completed",
+            "the approved turn to complete",
+        )
+        plain.goto(f"/console/sessions/{session_id}")
+        expect(page.locator(f'#turns tr[data-turn="{turn}"] .status')).to_have_text("completed")
+        expect(page.locator("#transcript .role-tool").last).to_contain_text("recorded step 1")
+        plain.check_clean()
+    finally:
+        plain.close()

@@ -159,6 +159,7 @@ _PARKED = ParkedRun(
     elapsed=1.5,
     intelligence=Intelligence(model="echo-large"),
     calls=("call-1", "call-2"),
+    spend=(ModelSpend(assistant="main", model="echo-large", usage=Usage(30, 8, requests=1)),),
 )
 
 

@@ -220,6 +220,7 @@ class _Attempt:
             elapsed=max(0.0, time.time() - started),
             intelligence=self.session.current_intelligence,
             calls=tuple(r.call_id for r in requests),
+            spend=tuple(ModelSpend(assistant=a, model=m, usage=spent) for (a, m), spent in self.spend.items()),
         )
 
     def resume(self, run: ParkedRun, decisions: Sequence[Decision]) -> None:
@@ -237,6 +238,9 @@ class _Attempt:
             messages[-1] = last
         self.messages, self.resumed, self.restored = messages, last, run
         self.decisions = {d.call_id: d for d in decisions}
+        for part in run.spend:  # the calls before the wait were paid for: they count in by_model and the cost
+            key = (part.assistant, part.model)
+            self.spend[key] = self.spend.get(key, Usage()) + part.usage
 
     async def _calls(self, message: AssistantMessage) -> TurnStatus | None:
         """Run the step's calls; the status that ends the turn, if one does."""

@@ -9,16 +9,20 @@ page is rendered.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 import jinja2
 import msgspec
 
-from agentd.views import iso
+from agentd.errors import BadInput
+from agentd.views import ApprovalView, UsageView, iso
 
 __all__ = [
+    "APPROVALS_PAGE",
     "NAV",
+    "RECENT_DECIDED",
     "SESSION_PAGE",
     "SESSION_STATES",
     "TRANSCRIPT_PAGE",
@@ -26,7 +30,10 @@ __all__ = [
     "TURN_COLUMNS",
     "NavItem",
     "Paged",
+    "cost_text",
+    "edited_arguments",
     "environment",
+    "newest_decided",
     "page_number",
     "paginate",
     "pretty_json",
@@ -40,6 +47,9 @@ TRANSCRIPT_PAGE = 50
 TURNS_PAGE = 20
 #: The states the sessions list filters by (the store's, ``GET /v1/sessions?state=``).
 SESSION_STATES = ("idle", "running", "failed", "closed")
+#: Pending approvals per page of the approvals page; how many decided ones it shows, newest first.
+APPROVALS_PAGE = 50
+RECENT_DECIDED = 20
 
 
 #: The columns of a session's turns table: (name, heading). ``templates/session.html`` renders a
@@ -52,6 +62,7 @@ TURN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("restarts", "restarts"),
     ("input_tokens", "input tokens"),
     ("output_tokens", "output tokens"),
+    ("cost", "cost"),
     ("started", "started"),
     ("ended", "ended"),
     ("discarded", "discarded runs"),
@@ -72,6 +83,7 @@ class NavItem(msgspec.Struct, frozen=True):
 NAV: tuple[NavItem, ...] = (
     NavItem("overview", "/console/", "Overview"),
     NavItem("sessions", "/console/sessions", "Sessions"),
+    NavItem("approvals", "/console/approvals", "Approvals"),
     NavItem("reloads", "/console/reloads", "Reloads"),
 )
 
@@ -117,6 +129,37 @@ def pretty_json(value: Any) -> str:
     return json.dumps(msgspec.to_builtins(value), indent=2, ensure_ascii=False, sort_keys=True)
 
 
+def cost_text(usage: UsageView) -> str:
+    """A usage's cost as shown: ``amount currency``; ``unpriced`` when model calls were made but a
+    part has no price (RFC 0011: null, never 0); ``—`` when no model call was made."""
+    if usage.cost is not None:
+        return f"{usage.cost.amount} {usage.cost.currency}"
+    return "unpriced" if usage.requests else "—"
+
+
+def edited_arguments(text: str | None, original: dict[str, Any]) -> Any | None:
+    """The arguments an approval form's textarea asks for: None when left empty or unchanged (the
+    call runs as the model asked), else the parsed JSON (the operation checks it against the
+    tool's schema). Text that is not JSON is refused here, naming where it broke."""
+    if text is None or not text.strip():
+        return None
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(
+            f"the edited arguments are not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
+            code="bad_arguments",
+        ) from None
+    return None if parsed == original else parsed
+
+
+def newest_decided(approvals: Iterable[ApprovalView], count: int) -> list[ApprovalView]:
+    """The newest ``count`` decided approvals of ``approvals`` (given oldest first), newest first."""
+    kept: deque[ApprovalView] = deque(maxlen=count)
+    kept.extend(a for a in approvals if a.status != "pending")
+    return list(reversed(kept))
+
+
 def environment() -> jinja2.Environment:
     """The templates, from the package (``agentd/console/templates``), autoescaped."""
     env = jinja2.Environment(
@@ -128,6 +171,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters["pretty_json"] = pretty_json
     env.filters["iso"] = iso
+    env.filters["cost"] = cost_text
     env.globals["NAV"] = NAV
     env.globals["turn_columns"] = TURN_COLUMNS
     return env

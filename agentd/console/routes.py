@@ -39,17 +39,21 @@ from agentd.console.auth import (
     same_origin,
 )
 from agentd.console.pages import (
+    APPROVALS_PAGE,
+    RECENT_DECIDED,
     SESSION_PAGE,
     SESSION_STATES,
     TRANSCRIPT_PAGE,
     TURNS_PAGE,
+    edited_arguments,
     environment,
+    newest_decided,
     page_number,
     paginate,
 )
 from agentd.errors import BadInput, ServiceError
 from agentd.obs import get_logger
-from agentd.views import PostMessage
+from agentd.views import ApprovalView, PostMessage
 
 __all__ = ["FORM_LIMIT", "HEADERS", "build_console"]
 
@@ -76,7 +80,11 @@ NOTICES: dict[str, str] = {
     "reloaded": "Reload applied.",
     "rejected": "Reload rejected: the config file has errors (see the newest row).",
     "unchanged": "Reload applied: nothing changed.",
+    "approved": "Approved: the call runs and the turn goes on once its step's calls are all decided.",
+    "rejected_call": "Rejected: the model is told so and the turn goes on once its step's calls are all decided.",
 }
+#: The ``?done=`` of a decision, by the approval's new status.
+DECIDED_NOTICE = {"approved": "approved", "rejected": "rejected_call"}
 
 #: A page's handler: the request, the login, and the form it posted (empty for a GET).
 Handler = Callable[[Request, ConsoleLogin, FormData], Awaitable[Response]]
@@ -251,6 +259,7 @@ def build_console(service: Service, token: str) -> ASGIApp:
         transcript = paginate(view.transcript, page_number(query.get("page")), TRANSCRIPT_PAGE)
         turns = paginate(view.turns[::-1], page_number(query.get("turns")) or 1, TURNS_PAGE)  # newest first
         running = next((t.id for t in view.turns if t.status == "pending"), None)
+        waiting = await session_pending(view.id)
         return render(
             request,
             "session.html",
@@ -261,6 +270,9 @@ def build_console(service: Service, token: str) -> ASGIApp:
             turns=turns,
             running=running,
             live=view.state != "closed",
+            approvals=waiting,
+            back=f"{CONSOLE_PATH}/sessions/{view.id}",
+            submitted={},
         )
 
     async def send_message(request: Request, login: ConsoleLogin, form: FormData) -> Response:
@@ -303,6 +315,80 @@ def build_console(service: Service, token: str) -> ASGIApp:
             },
             headers={"Cache-Control": "no-store"},
         )
+
+    # ------------------------------------------------------------------ approvals (RFC 0012)
+
+    async def session_pending(session_id: str) -> list[ApprovalView]:
+        return await service.list_approvals(status="pending", session=session_id, limit=APPROVALS_PAGE)
+
+    async def recent_decided() -> list[ApprovalView]:
+        """The newest decided approvals. The listing is oldest first, so it is read to its end in
+        pages of ``DECIDED_SCAN`` (the price of no newest-first listing in the store)."""
+        kept: list[ApprovalView] = []  # newest first
+        after: str | None = None
+        while True:
+            batch = await service.list_approvals(limit=DECIDED_SCAN, after=after)
+            kept = newest_decided([*kept[::-1], *batch], RECENT_DECIDED)
+            if len(batch) < DECIDED_SCAN:
+                return kept
+            after = batch[-1].id
+
+    async def approvals_page(
+        request: Request, login: ConsoleLogin, *, code: int = 200, failure: str = "", submitted: dict[str, str]
+    ) -> Response:
+        after = request.query_params.get("after") or None
+        rows = await service.list_approvals(status="pending", limit=APPROVALS_PAGE + 1, after=after)
+        shown = rows[:APPROVALS_PAGE]
+        return render(
+            request,
+            "approvals.html",
+            code=code,
+            login=login,
+            active="approvals",
+            pending=shown,
+            more=shown[-1].id if len(rows) > APPROVALS_PAGE else None,
+            paged=after is not None,
+            decided=await recent_decided(),
+            failure=failure,
+            back=f"{CONSOLE_PATH}/approvals",
+            submitted=submitted,
+        )
+
+    async def approvals(request: Request, login: ConsoleLogin, form: FormData) -> Response:
+        return await approvals_page(request, login, submitted={})
+
+    async def decide(request: Request, login: ConsoleLogin, form: FormData) -> Response:
+        """Approve or reject through the API's own operation; a refusal (400 bad arguments, 409
+        decided already, 404) is shown on the approvals page with what was sent kept in its form."""
+        approval_id = request.path_params["id"]
+        back = _local_next(_field(form, "next")).split("?")[0].split("#")[0]
+        text = _field(form, "arguments")
+        try:
+            asked = await service.get_approval(approval_id)
+            arguments = edited_arguments(text, asked.arguments)
+            decided = await service.decide_approval(
+                approval_id, _field(form, "decision") or "", (_field(form, "reason") or "").strip() or None, arguments
+            )
+        except ServiceError as exc:
+            log.info(events.LOG_CONSOLE_ACTION, action="decide", approval=approval_id, refused=exc.code)
+            return await approvals_page(
+                request,
+                login,
+                code=status_of(exc),
+                failure=f"Approval {approval_id}: {exc.message} ({exc.code})",
+                submitted={approval_id: text} if text is not None else {},
+            )
+        log.info(events.LOG_CONSOLE_ACTION, action="decide", approval=approval_id, status=decided.status)
+        return RedirectResponse(f"{back}?done={DECIDED_NOTICE.get(decided.status, '')}", 303)
+
+    async def session_approvals(request: Request, login: ConsoleLogin, form: FormData) -> Response:
+        """A session's pending approvals with their forms, as its page renders them (for the script)."""
+        session_id = request.path_params["id"]
+        waiting = await session_pending(session_id)
+        html = env.get_template("approvals_list.html").render(
+            approvals=waiting, csrf=keys.csrf(login), back=f"{CONSOLE_PATH}/sessions/{session_id}", submitted={}
+        )
+        return JSONResponse({"approvals": html, "count": len(waiting)}, headers={"Cache-Control": "no-store"})
 
     async def reloads(request: Request, login: ConsoleLogin, form: FormData) -> Response:
         history = await service.reloads(RELOADS_SHOWN)
@@ -349,6 +435,9 @@ def build_console(service: Service, token: str) -> ASGIApp:
         Route("/sessions/{id}/cancel", page(cancel), methods=["POST"]),
         Route("/sessions/{id}/events", page(session_events, script=True), methods=["GET"]),
         Route("/sessions/{id}/update", page(session_update, script=True), methods=["GET"]),
+        Route("/sessions/{id}/approvals", page(session_approvals, script=True), methods=["GET"]),
+        Route("/approvals", page(approvals), methods=["GET"]),
+        Route("/approvals/{id}", page(decide), methods=["POST"]),
         Route("/reloads", page(reloads), methods=["GET"]),
         Route("/reloads", page(reload), methods=["POST"]),
         Mount("/static", app=StaticFiles(packages=[("agentd.console", "static")]), name="static"),
@@ -360,6 +449,8 @@ def build_console(service: Service, token: str) -> ASGIApp:
 #: The reloads page reads this many of the history (all it keeps) and shows them in pages.
 RELOADS_SHOWN = 1000
 RELOADS_PAGE = 50
+#: The approvals page reads the approval listing in pages of this many to find the newest decided.
+DECIDED_SCAN = 500
 
 
 async def _form(request: Request) -> FormData:
