@@ -406,10 +406,9 @@ class Operations:
             return None
         if not wait:
             return Accepted(turn_id=turn_id)
-        if await self._store(self.store.awaiting_turn(session_id)) == turn_id:  # it waits for approvals
-            parked = await self._store(self.store.parked_run(session_id, turn_id))
-            waiting = [approval_view(a) for a in (parked[1] if parked else []) if a.status == "pending"]
-            return MessageResult(turn=turn_view(pending), approvals=waiting)
+        awaiting = await self._store(self.turns.awaiting_result(session_id, pending))
+        if awaiting is not None:  # it waits for approvals: answered with them, as when it parked
+            return awaiting
         runtime = self.sessions.get(session_id)
         turn = runtime.pending if runtime is not None else None
         if turn is not None and turn.id == turn_id:  # it runs here (a restart resumed it)
