@@ -234,3 +234,35 @@ def test_a_chat_turn_that_waits_is_409_approval_required(door: Door) -> None:
         )
     assert streamed.value.code == "approval_required"
     assert door.runs("chat") == 0 and door.runs("chat-stream") == 0
+
+
+# --------------------------------------------------------------------------- idempotency keys
+
+
+def test_a_keyed_request_retried_after_its_turn_parked_finds_it_waiting(door: Door) -> None:
+    """A chat error releases its key (RFC 0010 §2): retried, the key's turn is found waiting — the
+    same approvals, no second turn; a keyed stream retried is a short stream of the same wait."""
+    key = {"Idempotency-Key": "door-approval-chat"}
+    asked = [{"role": "user", "content": ask("keyed-chat")}]
+    with pytest.raises(openai.ConflictError) as first:
+        door.client.chat.completions.create(model="main", messages=asked, extra_headers=key)  # type: ignore[arg-type]
+    with pytest.raises(openai.ConflictError) as again:
+        door.client.chat.completions.create(model="main", messages=asked, extra_headers=key)  # type: ignore[arg-type]
+    assert again.value.code == "approval_required" and again.value.message == first.value.message
+    waiting = [
+        a for a in door.daemon.json("GET", "/v1/approvals?status=pending", status=200) if a["id"] in first.value.message
+    ]
+    assert len(waiting) == 1
+    door.daemon.json("POST", f"/v1/approvals/{waiting[0]['id']}", {"decision": "reject"}, status=200)
+
+    streamed = {"Idempotency-Key": "door-approval-stream"}
+    events = list(door.client.responses.create(model="main", input=ask("keyed"), stream=True, extra_headers=streamed))
+    replayed = list(door.client.responses.create(model="main", input=ask("keyed"), stream=True, extra_headers=streamed))
+    assert events[-1].type == replayed[-1].type == "response.completed"
+    [request] = requests_of(events[-1].response)
+    assert [r.id for r in requests_of(replayed[-1].response)] == [request.id]
+    assert replayed[-1].response.id == events[-1].response.id
+    door.client.responses.create(
+        model="main", previous_response_id=events[-1].response.id, input=[answer(request, True)]
+    )
+    assert door.runs("keyed") == 1
