@@ -10,8 +10,6 @@ A turn that waits for approvals answers its ``mcp_approval_request`` items; a re
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 import msgspec
 from starlette.requests import Request
@@ -25,7 +23,7 @@ from agentd.door.inputs import assistant_of, last_user, message_of, refuse_unser
 from agentd.door.outcome import response_object, turn_of_response
 from agentd.door.parked import Parked, parked_response
 from agentd.door.responsestream import response_stream
-from agentd.door.shapes import ConversationRef, ResponseInputItem, ResponsesRequest
+from agentd.door.shapes import ConversationRef, Part, ResponseInputItem, ResponsesRequest
 from agentd.door.stream import begin, settled, settled_now, sse_response
 from agentd.errors import Conflict, NotFound
 from agentd.messages import Message, SystemMessage
@@ -47,7 +45,7 @@ def _items(body: ResponsesRequest) -> list[ResponseInputItem]:
     return body.input
 
 
-def _message(item: ResponseInputItem, index: int) -> tuple[str, str | list[Any]]:
+def _message(item: ResponseInputItem, index: int) -> tuple[str, str | list[Part]]:
     """A message item's role and content (both needed, nothing of an approval response)."""
     where = f"input[{index}]"
     for name in ("approval_request_id", "approve", "reason"):

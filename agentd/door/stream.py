@@ -160,6 +160,9 @@ async def followed(
 ) -> AsyncIterator[Happening | Ended | Parked | None]:
     """What the stream says as the turn runs (None: a keep-alive is due), then how it ended (or parked)."""
     subscription = turn.events  # closed, and unsubscribed, by the response (``sse_response``)
+    if turn.run is None and (found := await settled_now(service, turn.session, turn.turn)) is not None:
+        yield found  # after decisions: another approval of the step still waits (or it ended already)
+        return
     if subscription is not None:
         sent = Sent(run=turn.run, shows_tools=shows_tools)
         while True:
