@@ -194,10 +194,11 @@ DOCS: dict[str, RouteDoc] = {
         "a model", {200: ModelObject}, errors={404: ("model_not_found",)}, error_body=DoorErrorBody, tag="door"
     ),
     "chat_completion": RouteDoc(
-        "a chat completion: a turn (streamed with stream true: RFC 0010 §7)",
+        "a chat completion: a turn (streamed with stream true: RFC 0010 §7); 409 approval_required"
+        " while the turn waits for approvals (RFC 0010 §8)",
         {200: ChatCompletion},
         ChatRequest,
-        errors=_codes(BODY, CREATING, TURN, DOOR_BODY, DOOR_TURN),
+        errors=_codes(BODY, CREATING, TURN, DOOR_BODY, DOOR_TURN, {409: ("approval_required",)}),
         keyed=True,
         headers=SESSION_HEADER,
         streamed=CHAT_STREAM_EVENTS,
@@ -205,7 +206,9 @@ DOCS: dict[str, RouteDoc] = {
         tag="door",
     ),
     "create_response": RouteDoc(
-        "a response: a turn (streamed with stream true: RFC 0010 §7)",
+        "a response: a turn (streamed with stream true: RFC 0010 §7); a turn that waits for approvals"
+        " answers mcp_approval_request items, and mcp_approval_response items in input decide them"
+        " (RFC 0010 §8)",
         {200: ResponseObject},
         ResponsesRequest,
         errors=_codes(
@@ -214,6 +217,7 @@ DOCS: dict[str, RouteDoc] = {
             TURN,
             DOOR_BODY,
             {400: ("previous_response_not_latest", "conflicting_parameters", "not_found"), 404: ("turn_not_found",)},
+            {409: ("already_decided",)},
         ),
         keyed=True,
         streamed=RESPONSE_STREAM_EVENTS,

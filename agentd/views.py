@@ -31,6 +31,7 @@ __all__ = [
     "ErrorDetail",
     "Health",
     "MessageResult",
+    "ParkedTurn",
     "PolicyView",
     "PostMessage",
     "Readiness",
@@ -382,6 +383,17 @@ class MessageResult(_Body, kw_only=True):
     messages: list[Entry] = []
     # The turn waits for these (its status is ``pending``): decide them to let it go on (RFC 0012).
     approvals: list[ApprovalView] | msgspec.UnsetType = msgspec.UNSET
+
+
+class ParkedTurn(_Body, kw_only=True):
+    """A pending turn whose run stopped for approvals (RFC 0012 §3), as the door shows it: what the
+    parked run added (``entries``, numbered as they will be committed after the turn's user
+    message), the calls that wait (``calls``), and every approval of the turn."""
+
+    turn: str
+    entries: list[Entry]
+    calls: list[str]
+    approvals: list[ApprovalView]
 
 
 class Accepted(_Body, kw_only=True):

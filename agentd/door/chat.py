@@ -3,11 +3,13 @@
 With ``X-Agentd-Session: ID`` the request's last (user) message is posted to that session, which
 keeps the conversation (the earlier messages of the request are not read). Without it a session
 is created, seeded with the request's earlier messages, and its id is answered in the
-``X-Agentd-Session`` header, for the client to continue it.
+``X-Agentd-Session`` header, for the client to continue it. A turn that waits for approvals
+(RFC 0012) is 409 ``approval_required`` naming them: a chat completion has no item to show them.
 """
 
 from __future__ import annotations
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -16,6 +18,7 @@ from agentd.apikeys import idempotent
 from agentd.door.chatstream import chat_stream
 from agentd.door.inputs import assistant_of, include_usage, last_user, message_of, refuse_unserved, said
 from agentd.door.outcome import chat_completion
+from agentd.door.parked import approval_required
 from agentd.door.shapes import ChatRequest
 from agentd.door.stream import begin, sse_response
 from agentd.service import Claim, Service
@@ -69,6 +72,8 @@ async def create(service: Service, request: Request) -> Response:
             trace=request_trace(request),
         )
         assert isinstance(result, MessageResult)  # wait=True
+        if result.approvals is not msgspec.UNSET:  # the turn waits for approvals: no answer to give
+            raise approval_required(result.turn.id, result.approvals)
         completion = chat_completion(result.turn, result.messages, model=body.model)
         return JSONResponse(completion, headers={SESSION_HEADER: session})
 

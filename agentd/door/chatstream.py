@@ -5,9 +5,9 @@ blank line (``"\\n\\n"``) before a step's text when text went out before — so 
 exactly the non-streamed ``content`` (the assistant's texts joined by a blank line); text the
 stream did not carry (a transfer's opener does not stream) follows once the turn ended. Then a
 chunk with ``finish_reason``, a chunk with ``usage`` and no ``choices`` when
-``stream_options.include_usage``, and ``data: [DONE]``. A turn that ended without an answer, or
-text that must be taken back (``stream_reset``), ends the stream with ``data: {"error": …}``,
-which the SDK raises as ``APIError``.
+``stream_options.include_usage``, and ``data: [DONE]``. A turn that ended without an answer, one
+that waits for approvals (``approval_required``, RFC 0010 §8), or text that must be taken back
+(``stream_reset``), ends the stream with ``data: {"error": …}``, which the SDK raises as ``APIError``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Literal
 from agentd.door.errors import type_of
 from agentd.door.follow import Rerun, TakenBack, Text
 from agentd.door.outcome import CHAT_PREFIX, chat_completion
+from agentd.door.parked import Parked, approval_required, waiting
 from agentd.door.shapes import ChatChunk, ChatUsage, ChunkChoice, ChunkDelta, DoorError, StreamErrorBody
 from agentd.door.stream import KEEP_ALIVE, Ended, Followed, followed, sse
 from agentd.errors import ServiceError
@@ -71,6 +72,10 @@ async def chat_stream(service: Service, turn: Followed, *, model: str, include_u
         elif isinstance(happening, Ended):
             async for tail in _ending(happening, sent, chunk, model, include_usage):
                 yield tail
+            return
+        elif isinstance(happening, Parked):  # a chat completion cannot show the approvals it waits for
+            error = approval_required(turn.turn, waiting(happening.parked))
+            yield sse(StreamErrorBody(error=DoorError(message=error.message, type=type_of(error), code=error.code)))
             return
 
 

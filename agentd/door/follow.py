@@ -68,7 +68,7 @@ Happening = Text | StepEnded | ToolStarted | ToolEnded | Rerun | TakenBack
 class Sent(msgspec.Struct, frozen=True, kw_only=True):
     """What a stream has sent of its turn so far."""
 
-    run: int = 0
+    run: int | None = 0  # None: followed from the middle of a turn (after approvals): the first run heard is it
     texted: frozenset[int] = frozenset()  # steps of ``run`` whose text went out
     output: bool = False  # anything of ``run`` went out (text, or a tool where tools are shown)
     shows_tools: bool = False  # the stream shows tool calls (a Response's does, a chat completion's not)
@@ -83,11 +83,13 @@ def _rerun(sent: Sent, run: int, why: str) -> tuple[Sent, list[Happening]]:
 def follow(sent: Sent, name: str, data: dict[str, Any]) -> tuple[Sent, list[Happening]]:
     """What to send for the native event ``name`` (``data``) of the followed turn, and what is then sent."""
     run = data.get("run")
+    if sent.run is None and isinstance(run, int) and name != events.TURN_RESTARTED:
+        sent = msgspec.structs.replace(sent, run=run)  # the run that goes on after the approvals
     if name == events.TURN_RESTARTED:
-        return _rerun(sent, int(run or sent.run + 1), f"the turn restarts (model {data.get('model_to')})")
-    if isinstance(run, int) and run < sent.run:
-        return sent, []  # a straggler of a discarded run
-    if isinstance(run, int) and run > sent.run:
+        return _rerun(sent, int(run or (sent.run or 0) + 1), f"the turn restarts (model {data.get('model_to')})")
+    if isinstance(run, int) and sent.run is not None and run < sent.run:
+        return sent, []  # a straggler of a discarded run (a tool's events carry no run)
+    if isinstance(run, int) and sent.run is not None and run > sent.run:
         sent, happened = _rerun(sent, run, "the turn runs again (its child was replaced)")
         if any(isinstance(h, TakenBack) for h in happened):
             return sent, happened

@@ -43,6 +43,7 @@ __all__ = [
     "chat_completion",
     "epoch",
     "items_of",
+    "model_of",
     "response_id",
     "response_object",
     "server_label",
@@ -143,7 +144,7 @@ def items_of(entries: Sequence[Entry], *, prefix: str, inputs: bool) -> list[Ite
     return items
 
 
-def _model_of(entries: Sequence[Entry], asked: str) -> str:
+def model_of(entries: Sequence[Entry], asked: str) -> str:
     """The assistant that answered last (a transfer may have changed it), else the one asked for."""
     for entry in reversed(entries):
         if entry.role == "assistant" and entry.assistant:
@@ -174,7 +175,7 @@ def response_object(
         id=response_id(turn.id),
         created_at=epoch(turn.started_at),
         status=outcome.status,
-        model=_model_of(entries, model),
+        model=model_of(entries, model),
         output=items_of(entries, prefix=f"{turn.id}_", inputs=False),
         usage=usage if turn.status != PENDING else None,
         incomplete_details=IncompleteDetails(reason=outcome.reason) if outcome.reason else None,
@@ -204,7 +205,7 @@ def chat_completion(turn: TurnView, entries: Sequence[Entry], *, model: str) -> 
     return ChatCompletion(
         id=CHAT_PREFIX + turn.id,
         created=epoch(turn.started_at),
-        model=_model_of(entries, model),
+        model=model_of(entries, model),
         choices=[choice],
         usage=usage,
     )

@@ -4,22 +4,27 @@
 response, which must be its latest turn; neither: a new session, seeded with the input's earlier
 messages and ``instructions``. The output lists the assistant's text (``message`` items) and
 every tool agentd ran (``mcp_call`` items); the status says how the turn ended (RFC 0010 §3).
+A turn that waits for approvals answers its ``mcp_approval_request`` items; a request with
+``mcp_approval_response`` items decides them and answers the rest of the turn (RFC 0010 §8).
 """
 
 from __future__ import annotations
 
 import anyio
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
 from agentd.apicommon import MESSAGE_LIMIT, JSONResponse, decode_bytes, read_body, request_trace
 from agentd.apikeys import idempotent
+from agentd.door.approve import APPROVAL_RESPONSE, decide_and_answer
 from agentd.door.errors import ParamError, Unsupported
 from agentd.door.inputs import assistant_of, last_user, message_of, refuse_unserved, said
 from agentd.door.outcome import response_object, turn_of_response
+from agentd.door.parked import Parked, parked_response
 from agentd.door.responsestream import response_stream
-from agentd.door.shapes import ConversationRef, InputItem, ResponsesRequest
-from agentd.door.stream import begin, sse_response
+from agentd.door.shapes import ConversationRef, Part, ResponseInputItem, ResponsesRequest
+from agentd.door.stream import begin, settled, settled_now, sse_response
 from agentd.errors import Conflict, NotFound
 from agentd.messages import Message, SystemMessage
 from agentd.records import PENDING
@@ -34,10 +39,22 @@ CANCEL_WAIT = 10.0
 CANCEL_POLL = 0.05
 
 
-def _items(body: ResponsesRequest) -> list[InputItem]:
+def _items(body: ResponsesRequest) -> list[ResponseInputItem]:
     if isinstance(body.input, str):
-        return [InputItem(role="user", content=body.input)]
+        return [ResponseInputItem(role="user", content=body.input)]
     return body.input
+
+
+def _message(item: ResponseInputItem, index: int) -> tuple[str, str | list[Part]]:
+    """A message item's role and content (both needed, nothing of an approval response)."""
+    where = f"input[{index}]"
+    for name in ("approval_request_id", "approve", "reason"):
+        if getattr(item, name) is not None:
+            raise ParamError(f"{where}.{name}", f"{where}.{name}: only an {APPROVAL_RESPONSE} item has it")
+    if item.role is None or item.content is None:
+        missing = "role" if item.role is None else "content"
+        raise ParamError(f"{where}.{missing}", f"{where}: a message item needs {missing}")
+    return item.role, item.content
 
 
 async def _continued(service: Service, body: ResponsesRequest) -> str | None:
@@ -75,7 +92,10 @@ async def create(service: Service, request: Request) -> Response:
     refuse_unserved(body.tools)
     assistant = assistant_of(service.config, body.model)
     items = _items(body)
-    spoken = [(item.role, said(item.content, f"input[{i}].content")) for i, item in enumerate(items)]
+    if any(item.type == APPROVAL_RESPONSE for item in items):
+        return await decide_and_answer(service, request, raw, body, await _continued(service, body))
+    messages = [_message(item, i) for i, item in enumerate(items)]
+    spoken = [(role, said(content, f"input[{i}].content")) for i, (role, content) in enumerate(messages)]
     last = last_user(spoken, "input")
     continued = await _continued(service, body)
     if continued is not None and (len(items) > 1 or body.instructions is not None):
@@ -87,7 +107,7 @@ async def create(service: Service, request: Request) -> Response:
         )
 
     seeded: list[Message] = [SystemMessage(content=body.instructions)] if body.instructions else []
-    seeded += [message_of(it.role, it.content, f"input[{i}].content") for i, it in enumerate(items[:-1])]
+    seeded += [message_of(role, content, f"input[{i}].content") for i, (role, content) in enumerate(messages[:-1])]
 
     async def work(claim: Claim | None) -> Response:
         session = continued
@@ -117,6 +137,21 @@ async def create(service: Service, request: Request) -> Response:
             trace=request_trace(request),
         )
         assert isinstance(result, MessageResult)  # wait=True
+        if result.approvals is not msgspec.UNSET:  # it waits for approvals: their requests are the answer
+            found = await settled(service, session, result.turn.id)
+            if isinstance(found, Parked):
+                return JSONResponse(
+                    parked_response(
+                        found.turn,
+                        found.parked,
+                        session=session,
+                        model=body.model,
+                        base=-1,
+                        previous=body.previous_response_id,
+                        metadata=body.metadata,
+                    )
+                )
+            result = MessageResult(turn=found.turn, messages=found.entries)  # decided meanwhile, and ended
         shown = response_object(
             result.turn,
             result.messages,
@@ -148,8 +183,15 @@ def _shown(view: SessionView, turn: TurnView) -> JSONResponse:
 
 
 async def retrieve(service: Service, request: Request) -> Response:
-    """``GET /v1/responses/{id}``: the turn as it is now (``in_progress`` while it runs)."""
+    """``GET /v1/responses/{id}``: the turn as it is now (``in_progress`` while it runs; its
+    approval requests while it waits for them)."""
     view, turn = await _find(service, request.path_params["id"])
+    if turn.status == PENDING:
+        found = await settled_now(service, view.id, turn.id)
+        if isinstance(found, Parked):
+            return JSONResponse(
+                parked_response(found.turn, found.parked, session=view.id, model=view.assistant, base=-1)
+            )
     return _shown(view, turn)
 
 

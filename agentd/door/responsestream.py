@@ -7,7 +7,8 @@
 agentd runs (added when it starts, done with its result); items the stream did not carry (a
 transfer's opener) follow once the turn ended; last ``response.completed`` (or
 ``response.incomplete``, or ``response.failed`` for a failed or cancelled turn) with the
-Response as ``GET /v1/responses/{id}`` shows it. Items carry the ids of that Response's
+Response as ``GET /v1/responses/{id}`` shows it. A turn that parks for approvals ends the stream
+with an ``mcp_approval_request`` item per call that waits and ``response.completed`` (RFC 0010 §8). Items carry the ids of that Response's
 items. Every event has ``sequence_number`` (0, 1, 2, … per stream). Output that must be taken
 back ends the stream with an ``error`` event, code ``stream_reset``.
 """
@@ -22,7 +23,8 @@ import msgspec
 from agentd.door.chatstream import reset_error
 from agentd.door.follow import Rerun, StepEnded, TakenBack, Text, ToolEnded, ToolStarted
 from agentd.door.outcome import response_id, response_object, server_label
-from agentd.door.shapes import McpCall, OutputMessage, OutputText, ResponseConversation, ResponseObject
+from agentd.door.parked import Parked, parked_response, since
+from agentd.door.shapes import Item, McpCall, OutputMessage, OutputText, ResponseConversation, ResponseObject
 from agentd.door.stream import KEEP_ALIVE, Ended, Followed, followed, sse
 from agentd.service import Service
 
@@ -110,7 +112,7 @@ class ItemWriter:
             self.emit("response.output_item.done", output_index=shown.index, item=item),
         ]
 
-    def tool(self, item: McpCall, *, done: bool) -> bytes:
+    def tool(self, item: Item, *, done: bool) -> bytes:
         if not done:
             self.items[item.id] = _Shown(index=len(self.items), id=item.id)
         shown = self.items[item.id]
@@ -144,7 +146,7 @@ async def response_stream(
     yield emit("response.created", response=start)
     yield emit("response.in_progress", response=start)
     prefix = f"{turn.turn}_"
-    entry = turn.user_seq + 1  # the seq the turn's next entry gets: a message item's id names it
+    entry = turn.base + 1  # the seq the turn's next entry gets: a message item's id names it
     steps: dict[int, str] = {}  # step -> its message item's id
     calls: dict[str, McpCall] = {}
     async for happening in followed(service, turn, shows_tools=True):
@@ -177,16 +179,29 @@ async def response_stream(
                 result = {"error": happening.content} if happening.is_error else {"output": happening.content}
                 yield writer.tool(msgspec.structs.replace(started, **result), done=True)
         elif isinstance(happening, Rerun):
-            entry, steps = turn.user_seq + 1, {}  # nothing of the run before went out
+            entry, steps = turn.base + 1, {}  # nothing of the run before went out
         elif isinstance(happening, TakenBack):
             yield emit("error", **_reset(happening.reason))
             return
         elif isinstance(happening, Ended):
             final = response_object(
                 happening.turn,
-                happening.entries,
+                since(happening.entries, turn.base),
                 session=turn.session,
                 model=model,
+                previous=previous,
+                metadata=metadata,
+            )
+            for event in stream_end(writer, final):
+                yield event
+            return
+        elif isinstance(happening, Parked):  # it waits for approvals: their requests end the answer
+            final = parked_response(
+                happening.turn,
+                happening.parked,
+                session=turn.session,
+                model=model,
+                base=turn.base,
                 previous=previous,
                 metadata=metadata,
             )

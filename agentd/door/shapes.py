@@ -32,6 +32,7 @@ __all__ = [
     "InputItem",
     "InputText",
     "ItemList",
+    "McpApprovalRequest",
     "McpCall",
     "ModelList",
     "ModelObject",
@@ -39,6 +40,7 @@ __all__ = [
     "OutputText",
     "Part",
     "ResponseError",
+    "ResponseInputItem",
     "ResponseObject",
     "ResponseUsage",
     "ResponsesRequest",
@@ -178,13 +180,27 @@ class InputItem(_Request, kw_only=True):
     content: str | list[Part]
 
 
+class ResponseInputItem(_Request, kw_only=True):
+    """An item of a Responses ``input`` list: a message (``type`` ``message``, the default:
+    ``role`` and ``content``), or a decision on an approval the previous response asked for
+    (``type`` ``mcp_approval_response``: ``approval_request_id``, ``approve``, ``reason``)."""
+
+    type: Literal["message", "mcp_approval_response"] = "message"
+    role: Literal["system", "developer", "user", "assistant"] | None = None
+    content: str | list[Part] | None = None
+    id: str | None = None
+    approval_request_id: str | None = None
+    approve: bool | None = None
+    reason: str | None = None
+
+
 class ConversationRef(_Request, kw_only=True):
     id: str
 
 
 class ResponsesRequest(_Request, kw_only=True):
     model: str
-    input: str | list[InputItem]
+    input: str | list[ResponseInputItem]
     previous_response_id: str | None = None
     conversation: str | ConversationRef | None = None
     instructions: str | None = None
@@ -221,7 +237,16 @@ class McpCall(_Body, kw_only=True, tag="mcp_call", tag_field="type"):
     error: str | None = None
 
 
-Item = OutputMessage | McpCall
+class McpApprovalRequest(_Body, kw_only=True, tag="mcp_approval_request", tag_field="type"):
+    """A tool call that waits for a human's decision (RFC 0012): ``id`` is the approval's id."""
+
+    id: str
+    server_label: str
+    name: str
+    arguments: str  # JSON text
+
+
+Item = OutputMessage | McpCall | McpApprovalRequest
 
 
 class ResponseUsage(_Body, kw_only=True):

@@ -6,6 +6,9 @@ heard), and answers errors of the post as the non-streamed door does — nothing
 the turn as it ended (``Ended``: the same view and entries ``GET /v1/responses/{id}`` shows). A
 subscription that ends early (a subscriber too slow is dropped, RFC 0000 §7) loses nothing: the
 end is read from the store, and the encoders send what the stream missed (``rest_of``).
+A turn that parks for approvals (RFC 0012 §3) stays pending: its ``approval.requested`` ends the
+following, and ``Parked`` (the parked run and its approvals, from the store) is how it "ended";
+``watch`` follows a turn that goes on after its approvals were decided (RFC 0010 §8).
 """
 
 from __future__ import annotations
@@ -23,12 +26,26 @@ from starlette.types import Receive, Scope, Send
 from agentd import events
 from agentd.door.follow import Happening, Sent, follow
 from agentd.door.outcome import epoch
+from agentd.door.parked import Parked, waiting
 from agentd.records import PENDING
 from agentd.service import Service
 from agentd.supervisor.turns import new_id
 from agentd.views import Entry, PostMessage, SessionView, TurnView
 
-__all__ = ["KEEP_ALIVE", "Ended", "Followed", "begin", "ended", "followed", "sse", "sse_response", "texts_of"]
+__all__ = [
+    "KEEP_ALIVE",
+    "Ended",
+    "Followed",
+    "begin",
+    "followed",
+    "let_go",
+    "settled",
+    "settled_now",
+    "sse",
+    "sse_response",
+    "texts_of",
+    "watch",
+]
 
 #: Seconds of silence after which a stream sends a comment, as the native event stream does.
 KEEP_ALIVE_SECONDS = 15.0
@@ -47,12 +64,16 @@ class Ended(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Followed(msgspec.Struct, kw_only=True):
-    """A turn being followed: its session, id, the seq of its user message, and the subscription
-    (None: the turn was stored by an earlier request with the same key — it is only waited for)."""
+    """A turn being followed: its session, id, the seq of its user message, the seq of the last
+    entry before what this answer shows (``base``: the user message's, or — going on after
+    approvals — the parked step's assistant message), and the subscription (None: the turn was
+    stored by an earlier request with the same key — it is only waited for)."""
 
     session: str
     turn: str
     user_seq: int
+    base: int
+    run: int | None = 0  # the run it is followed from (None: whichever goes on after approvals)
     created: int  # epoch seconds: when the turn began
     events: MemoryObjectReceiveStream[tuple[str, dict[str, Any]]] | None
 
@@ -71,7 +92,7 @@ async def begin(service: Service, session: str, post: PostMessage, *, turn_id: s
         view = await service.get_session(session)
         if any(t.id == turn for t in view.turns):
             seq, created = _placed(view, turn)
-            return Followed(session=session, turn=turn, user_seq=seq, created=created, events=None)
+            return Followed(session=session, turn=turn, user_seq=seq, base=seq, created=created, events=None)
     subscription = await service.subscribe(session)
     try:
         await service.send_message(session, msgspec.structs.replace(post, wait=False), turn_id=turn, resumed=resumed)
@@ -80,28 +101,70 @@ async def begin(service: Service, session: str, post: PostMessage, *, turn_id: s
         subscription.close()
         service.unsubscribed(session)
         raise
-    return Followed(session=session, turn=turn, user_seq=seq, created=created, events=subscription)
+    return Followed(session=session, turn=turn, user_seq=seq, base=seq, created=created, events=subscription)
 
 
-async def ended(service: Service, session: str, turn_id: str) -> Ended:
-    """The turn once it ended, as the store has it (looked for less often the longer it runs: a
-    stream that follows the turn asks once it heard ``turn.done``; a short stream waits)."""
+async def watch(service: Service, session: str, turn_id: str, base: int) -> Followed:
+    """Subscribe to ``session`` to follow its stored turn ``turn_id`` from ``base`` on (a turn that
+    goes on once its approvals are decided: subscribed before they are, so its first delta is heard)."""
+    subscription = await service.subscribe(session)
+    try:
+        seq, created = _placed(await service.get_session(session), turn_id)
+    except BaseException:
+        subscription.close()
+        service.unsubscribed(session)
+        raise
+    return Followed(
+        session=session, turn=turn_id, user_seq=seq, base=base, run=None, created=created, events=subscription
+    )
+
+
+def let_go(service: Service, turn: Followed) -> None:
+    """End the subscription of a turn that will not be followed after all."""
+    if turn.events is not None:
+        turn.events.close()
+        service.unsubscribed(turn.session)
+
+
+async def settled_now(service: Service, session: str, turn_id: str) -> Ended | Parked | None:
+    """The turn if it ended, or waits for approvals (``Parked``); None while it runs."""
+    view = await service.get_session(session)
+    turn = next((t for t in view.turns if t.id == turn_id), None)
+    if turn is None:
+        return None
+    if turn.status != PENDING:
+        entries = [e for e in view.transcript if e.turn == turn_id and e.role != "user"]
+        return Ended(turn=turn, entries=entries, assistant=view.assistant)
+    seq, _ = _placed(view, turn_id)
+    parked = await service.parked_turn(session, turn_id, seq + 1)
+    if parked is not None and waiting(parked):
+        return Parked(turn=turn, parked=parked, assistant=view.assistant)
+    return None
+
+
+async def settled(service: Service, session: str, turn_id: str) -> Ended | Parked:
+    """The turn once it ended, or parked for approvals, as the store has it (looked for less often
+    the longer it runs: a stream that follows the turn asks once it heard ``turn.done`` or
+    ``approval.requested``; a short stream waits)."""
     pause = END_POLL
     while True:
-        view = await service.get_session(session)
-        turn = next((t for t in view.turns if t.id == turn_id), None)
-        if turn is not None and turn.status != PENDING:
-            entries = [e for e in view.transcript if e.turn == turn_id and e.role != "user"]
-            return Ended(turn=turn, entries=entries, assistant=view.assistant)
+        found = await settled_now(service, session, turn_id)
+        if found is not None:
+            return found
         await anyio.sleep(pause)
         pause = min(pause * 2, END_POLL_MAX)
 
 
-async def followed(service: Service, turn: Followed, *, shows_tools: bool) -> AsyncIterator[Happening | Ended | None]:
-    """What the stream says as the turn runs (None: a keep-alive is due), then how it ended."""
+async def followed(
+    service: Service, turn: Followed, *, shows_tools: bool
+) -> AsyncIterator[Happening | Ended | Parked | None]:
+    """What the stream says as the turn runs (None: a keep-alive is due), then how it ended (or parked)."""
     subscription = turn.events  # closed, and unsubscribed, by the response (``sse_response``)
+    if turn.run is None and (found := await settled_now(service, turn.session, turn.turn)) is not None:
+        yield found  # after decisions: another approval of the step still waits (or it ended already)
+        return
     if subscription is not None:
-        sent = Sent(shows_tools=shows_tools)
+        sent = Sent(run=turn.run, shows_tools=shows_tools)
         while True:
             with anyio.move_on_after(KEEP_ALIVE_SECONDS) as idle:
                 try:
@@ -109,16 +172,22 @@ async def followed(service: Service, turn: Followed, *, shows_tools: bool) -> As
                 except anyio.EndOfStream:
                     break  # dropped or closed: the end is read from the store
             if idle.cancelled_caught:
+                # A silent turn may wait for approvals whose request this stream did not hear (a
+                # restart-turn re-run keeps an approval without asking again): the store says.
+                found = await settled_now(service, turn.session, turn.turn)
+                if found is not None:
+                    yield found
+                    return
                 yield None
                 continue
             if data.get("turn") != turn.turn:
                 continue
-            if name == events.TURN_DONE:
-                break
+            if name in (events.TURN_DONE, events.APPROVAL_REQUESTED):
+                break  # stored before announced: the store has the end, or the parked run
             sent, happened = follow(sent, name, data)
             for happening in happened:
                 yield happening
-    yield await ended(service, turn.session, turn.turn)
+    yield await settled(service, turn.session, turn.turn)
 
 
 def sse(data: Any, event: str | None = None) -> bytes:

@@ -43,6 +43,7 @@ from agentd.views import (
     Accepted,
     ApprovalView,
     MessageResult,
+    ParkedTurn,
     PostMessage,
     ReloadResult,
     ReloadView,
@@ -264,6 +265,10 @@ class Supervisor:
     async def session_of_turn(self, turn_id: str) -> str:
         """The session a turn belongs to (``Operations.session_of_turn``)."""
         return await self.operations.session_of_turn(turn_id)
+
+    async def parked_turn(self, session_id: str, turn_id: str, first_seq: int) -> ParkedTurn | None:
+        """A turn's parked run and its approvals (``Operations.parked_turn``)."""
+        return await self.operations.parked_turn(session_id, turn_id, first_seq)
 
     async def claim_key(self, scope: str, key: str, fingerprint: str) -> Claim | Replay:
         """Claim an idempotency key for a request (``Keys.claim``)."""

@@ -41,6 +41,7 @@ from agentd.views import (
     ApprovalView,
     ChildView,
     MessageResult,
+    ParkedTurn,
     PolicyView,
     PostMessage,
     ReloadView,
@@ -50,6 +51,7 @@ from agentd.views import (
     SessionView,
     StatusView,
     UsageReport,
+    approval_view,
     entry_from_message,
     iso,
     turn_view,
@@ -410,6 +412,9 @@ class Operations:
             return None
         if not wait:
             return Accepted(turn_id=turn_id)
+        awaiting = await self._store(self.turns.awaiting_result(session_id, pending))
+        if awaiting is not None:  # it waits for approvals: answered with them, as when it parked
+            return awaiting
         runtime = self.sessions.get(session_id)
         turn = runtime.pending if runtime is not None else None
         if turn is not None and turn.id == turn_id:  # it runs here (a restart resumed it)
@@ -511,6 +516,21 @@ class Operations:
     ) -> ApprovalView:
         """Approve or reject, once; the turn goes on when nothing of it waits any more."""
         return await self.approvals.decide(approval_id, decision, reason, arguments)
+
+    async def parked_turn(self, session_id: str, turn_id: str, first_seq: int) -> ParkedTurn | None:
+        """The turn's parked run — its messages as entries numbered from ``first_seq`` (as the
+        turn's commit will number them), the calls that wait — and every approval of the turn;
+        None when it has no parked run (it runs, or ended)."""
+        found = await self._store(self.store.parked_run(session_id, turn_id))
+        if found is None:
+            return None
+        run, approvals = found
+        return ParkedTurn(
+            turn=turn_id,
+            entries=[entry_from_message(first_seq + i, m) for i, m in enumerate(run.messages)],
+            calls=list(run.calls),
+            approvals=[approval_view(a) for a in approvals],
+        )
 
     async def _store(self, call: Awaitable[T]) -> T:
         """A store call a request needs; a store that fails refuses the request, naming what failed."""

@@ -271,6 +271,8 @@ class Turns:
                     pending = await self.store.pending_turn(session_id)
                     if pending is None or pending.id != turn_id:
                         break
+                    if (awaiting := await self.awaiting_result(session_id, pending)) is not None:
+                        return awaiting  # it parked there: answered with its approvals, as here
                     await anyio.sleep(ELSEWHERE_POLL)
             found = await self.ended_turn(session_id, turn_id)
         except StoreError as exc:
@@ -281,6 +283,15 @@ class Turns:
             )
         record, entries = found
         return MessageResult(turn=turn_view(record), messages=entries)
+
+    async def awaiting_result(self, session_id: str, started: StartedTurn) -> MessageResult | None:
+        """The answer to a client waiting on a stored pending turn that waits for approvals (RFC 0012
+        §3: the turn ``pending`` and its pending approvals), or None if it does not wait. StoreError as is."""
+        if await self.store.awaiting_turn(session_id) != started.id:
+            return None
+        found = await self.store.parked_run(session_id, started.id)
+        waiting = [approval_view(a) for a in (found[1] if found else []) if a.status is ApprovalStatus.PENDING]
+        return MessageResult(turn=turn_view(started), approvals=waiting)
 
     async def ended_turn(self, session_id: str, turn_id: str) -> tuple[TurnRecord, list[Entry]] | None:
         """A turn that ended, as committed (its record and the entries it added), or None if it has not."""
