@@ -3,13 +3,14 @@ a break found, through the real daemon; xfail(strict) until fixed."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.daemon_harness import TIMEOUT, Daemon, free_port, wait_until
+from tests.daemon_harness import TIMEOUT, Daemon, free_port, running_daemon, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -19,6 +20,11 @@ CONFIG = """
 name = "main"
 first_message_mode = "assistant-waits-for-user"
 """
+
+
+def running(tmp: Path, config: str = CONFIG) -> contextlib.AbstractContextManager[Daemon]:
+    """A daemon on the unix socket (the harness's client)."""
+    return running_daemon(tmp, config)
 
 
 @pytest.mark.xfail(
@@ -51,3 +57,27 @@ def test_the_console_logs_in_behind_a_tls_terminating_proxy(tmp_path: Path) -> N
             assert answer.status_code == 303, f"{answer.status_code}: {answer.text[:300]}"
     finally:
         daemon.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review3: a retried POST /v1/responses with previous_response_id and the same Idempotency-Key is "
+    "400 previous_response_not_latest (the first attempt's own turn is now the latest), not the kept answer",
+)
+def test_a_retried_response_continuing_a_conversation_is_replayed_not_refused(tmp_path: Path) -> None:
+    """The SDKs retry a request whose answer was lost (a timeout, a reset connection) with the same
+    ``Idempotency-Key``. ``responses.create`` (agentd/door/responses.py) checks ``previous_response_id``
+    against the session's latest turn *before* it looks at the key (``idempotent``): the first attempt
+    made its own turn the latest, so the retry is refused — the client is told its request failed,
+    and never learns the id of the response it did create."""
+    with running(tmp_path) as daemon:
+        first = daemon.json("POST", "/v1/responses", {"model": "main", "input": "hello"}, status=200)
+        ask = {"model": "main", "input": "and again", "previous_response_id": first["id"]}
+        key = {"Idempotency-Key": "review3-continue-1"}
+        assert daemon.client is not None
+        created = daemon.client.post("/v1/responses", json=ask, headers=key)
+        assert created.status_code == 200, created.text
+        retried = daemon.client.post("/v1/responses", json=ask, headers=key)
+        assert retried.status_code == 200, retried.text
+        assert retried.headers.get("idempotent-replayed") == "true"
+        assert retried.json()["id"] == created.json()["id"]
