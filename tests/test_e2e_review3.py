@@ -129,3 +129,24 @@ def test_a_turn_that_waited_for_approval_is_priced_for_every_model_call_it_made(
         price_in, price_out = Decimal(1000), Decimal(2000)
         expected = (usage["input_tokens"] * price_in + usage["output_tokens"] * price_out) / Decimal(1_000_000)
         assert Decimal(usage["cost"]["amount"]) == expected, usage
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review3: a turn cancelled while it awaits approval is recorded with 0 requests and 0 tokens, "
+    "though its parked run (stored, with its usage) made a paid model call",
+)
+def test_a_turn_cancelled_while_awaiting_approval_keeps_the_spend_of_its_parked_run(tmp_path: Path) -> None:
+    """``end_awaiting`` (agentd/supervisor/turns.py) ends the waiting turn through
+    ``end_without_result`` with an empty record, dropping the parked run whose ``usage`` the store
+    holds: the model call that asked for the tool is not counted anywhere — the turn, the session,
+    ``GET /v1/usage`` and the metrics all say nothing was spent (RFC 0011 §6 lists only calls that
+    failed and turns whose child crashed as not counted)."""
+    with running(tmp_path, APPROVAL_CONFIG) as daemon:
+        session = daemon.new_session()
+        turn = daemon.send(session, "record please")["turn"]["id"]
+        daemon.json("POST", f"/v1/sessions/{session}/cancel", status=202)
+        ended = daemon.turn(session, turn)
+        assert ended["status"] == "cancelled"
+        assert ended["usage"]["requests"] == 1, ended["usage"]
+        assert ended["usage"]["output_tokens"] > 0, ended["usage"]
