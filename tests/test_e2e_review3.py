@@ -4,14 +4,17 @@ a break found, through the real daemon; xfail(strict) until fixed."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.daemon_harness import TIMEOUT, Daemon, free_port, running_daemon, wait_until
+from tests.fakes import FakeCall, FakeOpenAI, Reply
 
 pytestmark = pytest.mark.e2e
 
@@ -150,3 +153,94 @@ def test_a_turn_cancelled_while_awaiting_approval_keeps_the_spend_of_its_parked_
         assert ended["status"] == "cancelled"
         assert ended["usage"]["requests"] == 1, ended["usage"]
         assert ended["usage"]["output_tokens"] > 0, ended["usage"]
+
+
+def transfer_config(url: str, mode: str = "rolling-history") -> str:
+    return f"""
+[intelligence]
+provider = "openai"
+endpoints = ["{url}"]
+model = "fake-model"
+api_key_env = "REVIEW3_KEY"
+
+[[assistants]]
+name = "front"
+system = "You are the front desk."
+first_message_mode = "assistant-waits-for-user"
+
+[[assistants.transfers]]
+to = "back"
+message = "Over to back."
+mode = "{mode}"
+
+[[assistants]]
+name = "back"
+system = "You are the back office."
+first_message = "Back office here."
+"""
+
+
+#: The front desk says something, then transfers (a model's usual way of handing over).
+HANDS_OVER = Reply(content="Let me hand you over.", tool_calls=(FakeCall("transfer_to_back"),), pieces=3)
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[len("data:") :]) for line in text.splitlines() if line.startswith("data:")]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review3: a streamed Response whose turn transfers after streaming text ends with error "
+    "stream_reset, not response.completed: the transfer renumbers the transcript, so the streamed msg_ ids "
+    "are not the final Response's",
+)
+def test_a_streamed_response_of_a_transfer_after_text_completes(tmp_path: Path) -> None:
+    """The stream names a message item ``msg_<turn>_<seq>`` from the seq it predicts (the user
+    message's + 1, agentd/door/responsestream.py); a transfer rewrites the session's transcript with
+    new seqs (RFC 0004 §9), so the final Response's items have other ids, ``stream_end`` finds a shown
+    item missing and sends ``error`` ``stream_reset`` ("the turn goes on" — it has ended, completed):
+    the SDK raises for a turn that succeeded, in the default transfer mode."""
+    with (
+        FakeOpenAI(default=Reply(content="fine")) as server,
+        running_daemon(tmp_path, transfer_config(server.url), env={"REVIEW3_KEY": "k"}) as daemon,
+    ):
+        assert daemon.client is not None
+        server.script(HANDS_OVER)
+        answer = daemon.client.post("/v1/responses", json={"model": "front", "input": "help", "stream": True})
+        assert answer.status_code == 200, answer.text
+        events = sse_events(answer.text)
+        final = next((e["response"] for e in events if e["type"] == "response.completed"), None)
+        assert final is not None, [(e["type"], e.get("code")) for e in events][-2:]
+        stored = daemon.json("GET", f"/v1/responses/{final['id']}", status=200)
+        done = [e["item"]["id"] for e in events if e["type"] == "response.output_item.done"]
+        assert done == [item["id"] for item in stored["output"]]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review3: in delete-history mode a streamed chat completion of a transfer after text ends with "
+    "error stream_reset: the text it streamed is not in the stored answer (the transfer deleted it)",
+)
+def test_a_streamed_chat_completion_of_a_delete_history_transfer_adds_up_to_its_answer(tmp_path: Path) -> None:
+    """RFC 0010 §7: the chunks join to exactly the non-streamed ``content``. With ``mode =
+    "delete-history"`` the transfer deletes the step's text the stream already sent (the turn's
+    entries are only S2 and F2 afterwards), so ``_ending`` (agentd/door/chatstream.py) finds the answer
+    does not start with what was sent and ends the completed turn's stream with ``stream_reset``."""
+    with (
+        FakeOpenAI(default=Reply(content="fine")) as server,
+        running_daemon(tmp_path, transfer_config(server.url, "delete-history"), env={"REVIEW3_KEY": "k"}) as daemon,
+    ):
+        assert daemon.client is not None
+        server.script(HANDS_OVER)
+        ask = {"model": "front", "messages": [{"role": "user", "content": "help"}], "stream": True}
+        answer = daemon.client.post("/v1/chat/completions", json=ask)
+        assert answer.status_code == 200, answer.text
+        events = sse_events(answer.text.replace("data: [DONE]", ""))
+        errors = [e["error"] for e in events if "error" in e]
+        assert errors == [], errors
+        session = answer.headers["x-agentd-session"]
+        streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in events if c.get("choices"))
+        turn = events[0]["id"].removeprefix("chatcmpl-")
+        assert daemon.turn(session, turn)["status"] == "transferred"
+        stored = "\n\n".join(e["content"] for e in daemon.entries(session, turn) if e["role"] == "assistant")
+        assert streamed == stored
