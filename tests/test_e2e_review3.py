@@ -289,3 +289,20 @@ def test_item_ids_a_conversation_gave_out_survive_a_transfer(tmp_path: Path) -> 
         assert [item["id"] for item in again["output"]] == first_ids
         paged = daemon.api("GET", f"/v1/conversations/{conversation}/items?after={kept[0]['id']}")
         assert paged.status_code == 200, paged.text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review3: GET /v1/usage with a since/until the parser accepts but a datetime cannot hold "
+    "(until=999999999999, a 0001-01-01 time with an offset) is a 500 ValueError, not a 400",
+)
+@pytest.mark.parametrize("query", ["until=999999999999", "since=-999999999999", "since=0001-01-01T00:00:00%2B01:00"])
+def test_usage_with_an_instant_out_of_range_is_a_clear_400(tmp_path: Path, query: str) -> None:
+    """``instant_param`` (agentd/apicommon.py) accepts up to 12 digits of epoch seconds and any ISO
+    time, and the report renders them back with ``iso`` (agentd/usage.py ``report``), which raises
+    ``ValueError`` (year out of range) for anything past 9999 or before year 1: an internal error
+    for "far future" bounds a dashboard may well send."""
+    with running(tmp_path) as daemon:
+        answer = daemon.api("GET", f"/v1/usage?{query}")
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == "bad_usage_query"
