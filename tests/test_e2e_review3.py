@@ -104,11 +104,6 @@ require_approval = ["tests.tooling:record"]
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: a turn that parked for approval is priced without the model calls of its parked run: "
-    "the resumed attempt's per-model spend starts empty (ParkedRun keeps only the usage total)",
-)
 def test_a_turn_that_waited_for_approval_is_priced_for_every_model_call_it_made(tmp_path: Path) -> None:
     """The step that asked for the call was a paid model call. On resume the child restores the
     parked run's usage total (``attempt.budget.usage``) but not its per-(assistant, model) spend
