@@ -58,4 +58,7 @@ def test_a_turn_adopted_after_a_failover_stays_in_the_clients_trace(tmp_path: Pa
             assert "agentd.turn.resumed" in [name for name, _ in agent.events]
             assert agent.attributes["agentd.turn.status"] == "completed"
             chats = [s for s in receiver.named("chat echo-small") if s.attributes.get("agentd.turn.id") == turn]
-            assert chats and all(c.trace_id == TRACE_ID and c.parent_span_id == agent.span_id for c in chats)
+            # Every model call of the turn is in the client's trace; the adopted run's under its own span
+            # (the killed replica's child may have finished its cut run's call too, under that run's span).
+            assert all(c.trace_id == TRACE_ID for c in chats)
+            assert [c for c in chats if c.parent_span_id == agent.span_id]
