@@ -63,11 +63,6 @@ def test_the_console_logs_in_behind_a_tls_terminating_proxy(tmp_path: Path) -> N
         daemon.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: a retried POST /v1/responses with previous_response_id and the same Idempotency-Key is "
-    "400 previous_response_not_latest (the first attempt's own turn is now the latest), not the kept answer",
-)
 def test_a_retried_response_continuing_a_conversation_is_replayed_not_refused(tmp_path: Path) -> None:
     """The SDKs retry a request whose answer was lost (a timeout, a reset connection) with the same
     ``Idempotency-Key``. ``responses.create`` (agentd/door/responses.py) checks ``previous_response_id``
