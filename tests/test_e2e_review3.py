@@ -229,6 +229,28 @@ def test_a_streamed_chat_completion_of_a_delete_history_transfer_adds_up_to_its_
         assert streamed == HANDS_OVER.content + "\n\n" + stored
 
 
+def test_a_streamed_response_of_a_delete_history_transfer_completes_with_the_stored_response(tmp_path: Path) -> None:
+    """RFC 0010 §9: the message the stream showed was said (it stays as sent, done); the transfer
+    deleted it, so the final Response, as ``GET /v1/responses/{id}`` shows it, lists only the opener."""
+    with (
+        FakeOpenAI(default=Reply(content="fine")) as server,
+        running_daemon(tmp_path, transfer_config(server.url, "delete-history"), env={"REVIEW3_KEY": "k"}) as daemon,
+    ):
+        assert daemon.client is not None
+        server.script(HANDS_OVER)
+        answer = daemon.client.post("/v1/responses", json={"model": "front", "input": "help", "stream": True})
+        assert answer.status_code == 200, answer.text
+        events = sse_events(answer.text)
+        assert [e for e in events if e["type"] == "error"] == []
+        final = events[-1]["response"]
+        assert events[-1]["type"] == "response.completed"
+        streamed = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        assert streamed == HANDS_OVER.content + "Back office here."  # the opener follows once the turn ended
+        stored = daemon.json("GET", f"/v1/responses/{final['id']}", status=200)
+        assert stored["output"] == final["output"]
+        assert [item["content"][0]["text"] for item in final["output"]] == ["Back office here."]
+
+
 SCRIPTED_TRANSFER = """
 [intelligence]
 provider = "scripted"
