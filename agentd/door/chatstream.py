@@ -94,7 +94,7 @@ async def _ending(
 ) -> AsyncIterator[bytes]:
     """The end of the stream: the text it did not carry, ``finish_reason``, ``usage``, ``[DONE]``.
     Text a transfer removed from the answer (``removed_by_transfer``) stays as sent: the answer
-    follows it, after a blank line, as a later step's text does (RFC 0010 §7)."""
+    follows it, after a blank line, as a later step's text does (RFC 0010 §9)."""
     try:
         completion = chat_completion(ended.turn, ended.entries, model=model)
     except ServiceError as exc:  # the turn gave no answer (cancelled, failed): its error, as non-streamed

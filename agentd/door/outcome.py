@@ -117,7 +117,7 @@ def message_id(owner: str, kind: str, who: str, index: int) -> str:
     when it has none), its kind (``a`` assistant text, ``u`` user, ``s`` system), who said it (the
     assistant, a system prompt's name) and its place among that turn's entries of that kind and
     speaker. No seq: a transfer renumbers the transcript (RFC 0004 §9), and removes entries only
-    whole groups at a time, so what it keeps keeps its id (RFC 0010 §7)."""
+    whole groups at a time, so what it keeps keeps its id (RFC 0010 §9)."""
     return f"msg_{owner}_{kind}_{who}_{index}" if who else f"msg_{owner}_{kind}_{index}"
 
 
