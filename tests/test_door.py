@@ -64,7 +64,7 @@ def test_a_response_shows_tool_calls_as_mcp_calls_and_text_as_messages() -> None
         "noon",
     )
     assert shown.usage is not None and shown.usage.total_tokens == 7
-    listed = items_of(ENTRIES, prefix="s_1_", inputs=True)
+    listed = items_of(ENTRIES, session="s_1", inputs=True)
     assert [(type(i).__name__, getattr(i, "role", None)) for i in listed] == [
         ("OutputMessage", "user"),
         ("McpCall", None),

@@ -53,9 +53,9 @@ def test_a_parked_turn_is_a_completed_response_ending_with_its_approval_requests
     kinds = [(type(item).__name__, item.id) for item in shown.output]
     # The clock of the parked step needs no approval: it runs (and shows) once the step is decided.
     assert kinds == [
-        ("OutputMessage", "msg_t_1_3"),
+        ("OutputMessage", "msg_t_1_a_main_0"),
         ("McpCall", "mcp_t_1_c1"),
-        ("OutputMessage", "msg_t_1_5"),
+        ("OutputMessage", "msg_t_1_a_main_1"),
         ("McpApprovalRequest", "ap_2"),
     ]
     request = shown.output[-1]
@@ -74,8 +74,9 @@ def test_the_answer_after_the_approvals_starts_with_the_parked_steps_calls() -> 
     ]
     rest = since(entries, base=5)
     assert [e.seq for e in rest] == [5, 6, 7, 8] and rest[0].content == ""  # its text went out before
-    shown = response_object(ended, rest, session="s_1", model="main")
-    assert [item.id for item in shown.output] == ["mcp_t_1_c2", "mcp_t_1_c3", "msg_t_1_8"]
+    # The whole turn, shown from base: its item ids count over the whole (RFC 0010 §7).
+    shown = response_object(ended, entries, session="s_1", model="main", base=5)
+    assert [item.id for item in shown.output] == ["mcp_t_1_c2", "mcp_t_1_c3", "msg_t_1_a_main_2"]
     refused, clock = shown.output[0], shown.output[1]
     assert isinstance(refused, McpCall) and refused.error and refused.output is None
     assert isinstance(clock, McpCall) and clock.output == "noon"

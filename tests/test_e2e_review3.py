@@ -63,11 +63,6 @@ def test_the_console_logs_in_behind_a_tls_terminating_proxy(tmp_path: Path) -> N
         daemon.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: a retried POST /v1/responses with previous_response_id and the same Idempotency-Key is "
-    "400 previous_response_not_latest (the first attempt's own turn is now the latest), not the kept answer",
-)
 def test_a_retried_response_continuing_a_conversation_is_replayed_not_refused(tmp_path: Path) -> None:
     """The SDKs retry a request whose answer was lost (a timeout, a reset connection) with the same
     ``Idempotency-Key``. ``responses.create`` (agentd/door/responses.py) checks ``previous_response_id``
@@ -183,12 +178,6 @@ def sse_events(text: str) -> list[dict[str, Any]]:
     return [json.loads(line[len("data:") :]) for line in text.splitlines() if line.startswith("data:")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: a streamed Response whose turn transfers after streaming text ends with error "
-    "stream_reset, not response.completed: the transfer renumbers the transcript, so the streamed msg_ ids "
-    "are not the final Response's",
-)
 def test_a_streamed_response_of_a_transfer_after_text_completes(tmp_path: Path) -> None:
     """The stream names a message item ``msg_<turn>_<seq>`` from the seq it predicts (the user
     message's + 1, agentd/door/responsestream.py); a transfer rewrites the session's transcript with
@@ -211,16 +200,14 @@ def test_a_streamed_response_of_a_transfer_after_text_completes(tmp_path: Path) 
         assert done == [item["id"] for item in stored["output"]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: in delete-history mode a streamed chat completion of a transfer after text ends with "
-    "error stream_reset: the text it streamed is not in the stored answer (the transfer deleted it)",
-)
 def test_a_streamed_chat_completion_of_a_delete_history_transfer_adds_up_to_its_answer(tmp_path: Path) -> None:
     """RFC 0010 §7: the chunks join to exactly the non-streamed ``content``. With ``mode =
     "delete-history"`` the transfer deletes the step's text the stream already sent (the turn's
-    entries are only S2 and F2 afterwards), so ``_ending`` (agentd/door/chatstream.py) finds the answer
-    does not start with what was sent and ends the completed turn's stream with ``stream_reset``."""
+    entries are only S2 and F2 afterwards), so ``_ending`` (agentd/door/chatstream.py) found the answer
+    did not start with what was sent and ended the completed turn's stream with ``stream_reset``.
+    Fixed by RFC 0010 §7's rule for text a transfer removes: it was said and stays as sent, and the
+    stored answer follows it after a blank line (a stream cannot unsay it, and the transcript,
+    the destination's view, RFC 0004 §9, does not keep it)."""
     with (
         FakeOpenAI(default=Reply(content="fine")) as server,
         running_daemon(tmp_path, transfer_config(server.url, "delete-history"), env={"REVIEW3_KEY": "k"}) as daemon,
@@ -238,7 +225,30 @@ def test_a_streamed_chat_completion_of_a_delete_history_transfer_adds_up_to_its_
         turn = events[0]["id"].removeprefix("chatcmpl-")
         assert daemon.turn(session, turn)["status"] == "transferred"
         stored = "\n\n".join(e["content"] for e in daemon.entries(session, turn) if e["role"] == "assistant")
-        assert streamed == stored
+        assert stored == "Back office here."  # the transfer deleted the text it streamed
+        assert streamed == HANDS_OVER.content + "\n\n" + stored
+
+
+def test_a_streamed_response_of_a_delete_history_transfer_completes_with_the_stored_response(tmp_path: Path) -> None:
+    """RFC 0010 §9: the message the stream showed was said (it stays as sent, done); the transfer
+    deleted it, so the final Response, as ``GET /v1/responses/{id}`` shows it, lists only the opener."""
+    with (
+        FakeOpenAI(default=Reply(content="fine")) as server,
+        running_daemon(tmp_path, transfer_config(server.url, "delete-history"), env={"REVIEW3_KEY": "k"}) as daemon,
+    ):
+        assert daemon.client is not None
+        server.script(HANDS_OVER)
+        answer = daemon.client.post("/v1/responses", json={"model": "front", "input": "help", "stream": True})
+        assert answer.status_code == 200, answer.text
+        events = sse_events(answer.text)
+        assert [e for e in events if e["type"] == "error"] == []
+        final = events[-1]["response"]
+        assert events[-1]["type"] == "response.completed"
+        streamed = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        assert streamed == HANDS_OVER.content + "Back office here."  # the opener follows once the turn ended
+        stored = daemon.json("GET", f"/v1/responses/{final['id']}", status=200)
+        assert stored["output"] == final["output"]
+        assert [item["content"][0]["text"] for item in final["output"]] == ["Back office here."]
 
 
 SCRIPTED_TRANSFER = """
@@ -262,11 +272,6 @@ first_message = "Back office here."
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: a transfer renumbers the session's transcript, so every item id the door gave before "
-    "(msg_<turn>_<seq>, msg_<session>_<seq>) changes: earlier Responses change ids and items?after= is 400",
-)
 def test_item_ids_a_conversation_gave_out_survive_a_transfer(tmp_path: Path) -> None:
     """Item ids are built from entry seqs (agentd/door/outcome.py); a transfer stores the
     destination's view of the transcript with new seqs (RFC 0004 §9). A client that kept an item id

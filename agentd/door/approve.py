@@ -17,7 +17,7 @@ from agentd.apicommon import JSONResponse
 from agentd.apikeys import idempotent
 from agentd.door.errors import ParamError, Unsupported
 from agentd.door.outcome import response_object
-from agentd.door.parked import Parked, parked_response, since
+from agentd.door.parked import Parked, parked_response
 from agentd.door.responsestream import response_stream
 from agentd.door.shapes import ResponseInputItem, ResponsesRequest
 from agentd.door.stream import Ended, Followed, followed, let_go, sse_response, watch
@@ -47,14 +47,16 @@ def _decision(item: ResponseInputItem, index: int) -> tuple[str, bool, str | Non
     return item.approval_request_id, item.approve, item.reason
 
 
-async def _turn_and_base(service: Service, session: str, turn_id: str) -> int:
-    """The seq of the parked step's assistant message: what the answer shows follows it (-1: all)."""
+async def _turn_and_base(service: Service, session: str, turn_id: str) -> tuple[int, int]:
+    """The seq of the parked step's assistant message: what the answer shows follows it (-1: all);
+    and how many texts the turn's assistant said up to it."""
     view = await service.get_session(session)
     user_seq = next((e.seq for e in view.transcript if e.turn == turn_id and e.role == "user"), -1)
     parked = await service.parked_turn(session, turn_id, user_seq + 1)
     if parked is None or not parked.entries:
-        return -1  # no parked run now (a restart-turn re-run): the whole turn is shown
-    return parked.entries[-1].seq
+        return -1, 0  # no parked run now (a restart-turn re-run): the whole turn is shown
+    texts = sum(1 for e in parked.entries if e.role == "assistant" and e.content and e.assistant == view.assistant)
+    return parked.entries[-1].seq, texts
 
 
 async def _checked(service: Service, session: str, decisions: list[tuple[str, bool, str | None]]) -> str:
@@ -90,8 +92,8 @@ async def decide_and_answer(
     turn_id = await _checked(service, session, decisions)
 
     async def work(_claim: Claim | None) -> Response:
-        base = await _turn_and_base(service, session, turn_id)
-        turn = await watch(service, session, turn_id, base)  # before deciding: the first delta is heard
+        base, texts = await _turn_and_base(service, session, turn_id)
+        turn = await watch(service, session, turn_id, base, texts)  # before deciding: the first delta is heard
         try:
             for approval, approve, reason in decisions:
                 await service.decide_approval(approval, "approve" if approve else "reject", reason, None)
@@ -120,9 +122,10 @@ async def decide_and_answer(
         else:
             shown = response_object(
                 found.turn,
-                since(found.entries, base),
+                found.entries,
                 session=session,
                 model=body.model,
+                base=base,
                 previous=body.previous_response_id,
                 metadata=body.metadata,
             )

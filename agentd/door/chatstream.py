@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
+from agentd.budget import TurnStatus
 from agentd.door.errors import type_of
 from agentd.door.follow import Rerun, TakenBack, Text
 from agentd.door.outcome import CHAT_PREFIX, chat_completion
@@ -34,10 +35,12 @@ STREAM_RESET = "stream_reset"
 SEPARATOR = "\n\n"
 
 
-def reset_error(why: str) -> DoorError:
-    """The ``stream_reset`` error: what was sent is not the answer; the turn goes on."""
+def reset_error(why: str, *, ended: bool = False) -> DoorError:
+    """The ``stream_reset`` error: what was sent is not the answer; the turn goes on (``ended``:
+    it has ended, and its stored answer differs from what was sent)."""
+    going = "the turn ended" if ended else "the turn goes on"
     return DoorError(
-        message=f"the answer streamed so far is taken back: {why}; the turn goes on — ask for its result"
+        message=f"the answer streamed so far is taken back: {why}; {going} — ask for its result"
         " (GET /v1/responses/resp_<turn id>, or the session)",
         type="server_error",
         code=STREAM_RESET,
@@ -70,7 +73,7 @@ async def chat_stream(service: Service, turn: Followed, *, model: str, include_u
             yield sse(StreamErrorBody(error=reset_error(happening.reason)))
             return
         elif isinstance(happening, Ended):
-            async for tail in _ending(happening, sent, chunk, model, include_usage):
+            async for tail in _ending(happening, turn.speaker, sent, chunk, model, include_usage):
                 yield tail
             return
         elif isinstance(happening, Parked):  # a chat completion cannot show the approvals it waits for
@@ -79,18 +82,29 @@ async def chat_stream(service: Service, turn: Followed, *, model: str, include_u
             return
 
 
+def removed_by_transfer(ended: Ended, speaker: str) -> bool:
+    """The turn transferred and kept nothing its streaming assistant said (``delete-history``,
+    RFC 0004 §3): the text the stream sent was said, and is not in the stored answer."""
+    said = any(e.role == "assistant" and e.assistant == speaker for e in ended.entries)
+    return ended.turn.status == TurnStatus.TRANSFERRED and bool(speaker) and not said
+
+
 async def _ending(
-    ended: Ended, sent: str, chunk: Callable[..., bytes], model: str, include_usage: bool
+    ended: Ended, speaker: str, sent: str, chunk: Callable[..., bytes], model: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    """The end of the stream: the text it did not carry, ``finish_reason``, ``usage``, ``[DONE]``."""
+    """The end of the stream: the text it did not carry, ``finish_reason``, ``usage``, ``[DONE]``.
+    Text a transfer removed from the answer (``removed_by_transfer``) stays as sent: the answer
+    follows it, after a blank line, as a later step's text does (RFC 0010 §9)."""
     try:
         completion = chat_completion(ended.turn, ended.entries, model=model)
     except ServiceError as exc:  # the turn gave no answer (cancelled, failed): its error, as non-streamed
         yield sse(StreamErrorBody(error=DoorError(message=exc.message, type=type_of(exc), code=exc.code)))
         return
     answer = completion.choices[0].message.content or ""
+    if sent and not answer.startswith(sent) and removed_by_transfer(ended, speaker):
+        answer = sent + (SEPARATOR + answer if answer else "")
     if not answer.startswith(sent):
-        yield sse(StreamErrorBody(error=reset_error("the turn's answer is not the text streamed")))
+        yield sse(StreamErrorBody(error=reset_error("the turn's answer is not the text streamed", ended=True)))
         return
     if answer[len(sent) :]:
         yield chunk(ChunkDelta(content=answer[len(sent) :]))

@@ -79,7 +79,7 @@ async def items(service: Service, request: Request) -> Response:
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise ParamError("order", f"order must be asc or desc, not {order!r}")
-    listed = items_of(view.transcript, prefix=f"{view.id}_", inputs=True)
+    listed = items_of(view.transcript, session=view.id, inputs=True)
     if order == "desc":
         listed.reverse()
     after = query.get("after")

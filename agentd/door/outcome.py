@@ -40,13 +40,17 @@ __all__ = [
     "OUTCOMES",
     "Outcome",
     "TurnFailed",
+    "call_id",
     "chat_completion",
     "epoch",
     "items_of",
+    "message_id",
+    "message_ids",
     "model_of",
     "response_id",
     "response_object",
     "server_label",
+    "since",
     "turn_of_response",
 ]
 
@@ -108,22 +112,71 @@ def server_label(tool: str) -> str:
     return server if sep else "agentd"
 
 
-def items_of(entries: Sequence[Entry], *, prefix: str, inputs: bool) -> list[Item]:
+def message_id(owner: str, kind: str, who: str, index: int) -> str:
+    """A message item's id: ``msg_<owner>_<kind>[_<who>]_<index>`` — the entry's turn (its session
+    when it has none), its kind (``a`` assistant text, ``u`` user, ``s`` system), who said it (the
+    assistant, a system prompt's name) and its place among that turn's entries of that kind and
+    speaker. No seq: a transfer renumbers the transcript (RFC 0004 §9), and removes entries only
+    whole groups at a time, so what it keeps keeps its id (RFC 0010 §9)."""
+    return f"msg_{owner}_{kind}_{who}_{index}" if who else f"msg_{owner}_{kind}_{index}"
+
+
+def _key(entry: Entry, session: str) -> tuple[str, str, str] | None:
+    owner = entry.turn or session
+    if entry.role == "assistant":
+        return (owner, "a", entry.assistant or "") if entry.content else None
+    if entry.role == "user":
+        return owner, "u", ""
+    if entry.role == "system":
+        return owner, "s", entry.name or ""
+    return None
+
+
+def message_ids(entries: Sequence[Entry], *, session: str) -> dict[int, str]:
+    """The message item id of every entry that is one (by seq), counted over ``entries`` — the
+    whole turn (or transcript), never a part of it: the index is the entry's place in its turn."""
+    counted: dict[tuple[str, str, str], int] = {}
+    ids: dict[int, str] = {}
+    for entry in entries:
+        key = _key(entry, session)
+        if key is not None:
+            index = counted[key] = counted.get(key, -1) + 1
+            ids[entry.seq] = message_id(*key, index)
+    return ids
+
+
+def since(entries: Sequence[Entry], base: int) -> list[Entry]:
+    """The entries one request shows of its turn: those after seq ``base``; the entry at ``base``
+    when it is the assistant message whose calls waited for approvals, by its calls only (its text
+    went out with the answer that asked for them)."""
+    shown: list[Entry] = []
+    for entry in entries:
+        if entry.seq > base:
+            shown.append(entry)
+        elif entry.seq == base and entry.role == "assistant" and entry.tool_calls:
+            shown.append(msgspec.structs.replace(entry, content=""))
+    return shown
+
+
+def items_of(entries: Sequence[Entry], *, session: str, inputs: bool, base: int = -1) -> list[Item]:
     """Entries as items: assistant text as ``message`` items (``output_text``), every tool call as an
     ``mcp_call`` item with its result. ``inputs``: user (and system) messages too, as a
-    conversation lists them; a response's output leaves its input out."""
+    conversation lists them; a response's output leaves its input out. ``entries`` is a whole
+    turn (or transcript): only what follows seq ``base`` is shown (``since``), with the ids the
+    whole gives it."""
+    ids = message_ids(entries, session=session)
     items: list[Item] = []
     calls: dict[str, int] = {}  # call id -> its item's index, filled in by the tool's result
-    for entry in entries:
+    for entry in since(entries, base):
         if entry.role == "assistant":
             if entry.content:
                 text = [OutputText(text=entry.content)]
-                items.append(OutputMessage(id=f"msg_{prefix}{entry.seq}", role="assistant", content=list(text)))
+                items.append(OutputMessage(id=ids[entry.seq], role="assistant", content=list(text)))
             for call in entry.tool_calls or ():
                 calls[call.id] = len(items)
                 items.append(
                     McpCall(
-                        id=f"mcp_{prefix}{call.id}",
+                        id=call_id(entry.turn or session, call.id),
                         server_label=server_label(call.name),
                         name=call.name,
                         arguments=msgspec.json.encode(call.arguments).decode(),
@@ -138,10 +191,13 @@ def items_of(entries: Sequence[Entry], *, prefix: str, inputs: bool) -> list[Ite
                 items[index] = msgspec.structs.replace(made, **result)
         elif inputs:
             role: Literal["user", "system"] = "user" if entry.role == "user" else "system"
-            items.append(
-                OutputMessage(id=f"msg_{prefix}{entry.seq}", role=role, content=[InputTextOut(text=entry.content)])
-            )
+            items.append(OutputMessage(id=ids[entry.seq], role=role, content=[InputTextOut(text=entry.content)]))
     return items
+
+
+def call_id(owner: str, call: str) -> str:
+    """An ``mcp_call`` item's id: its turn's (or session's) and the model's call id, which no transfer changes."""
+    return f"mcp_{owner}_{call}"
 
 
 def model_of(entries: Sequence[Entry], asked: str) -> str:
@@ -158,10 +214,12 @@ def response_object(
     *,
     session: str,
     model: str,
+    base: int = -1,
     previous: str | None = None,
     metadata: dict[str, str] | None = None,
 ) -> ResponseObject:
-    """The Response a turn is (its output: the entries it added)."""
+    """The Response a turn is (its output: the entries it added — all of them, of which it shows
+    what follows seq ``base``)."""
     outcome = OUTCOMES.get(turn.status, OUTCOMES[TurnStatus.FAILED])
     usage = ResponseUsage(
         input_tokens=turn.usage.input_tokens,
@@ -175,8 +233,8 @@ def response_object(
         id=response_id(turn.id),
         created_at=epoch(turn.started_at),
         status=outcome.status,
-        model=model_of(entries, model),
-        output=items_of(entries, prefix=f"{turn.id}_", inputs=False),
+        model=model_of(since(entries, base), model),
+        output=items_of(entries, session=session, inputs=False, base=base),
         usage=usage if turn.status != PENDING else None,
         incomplete_details=IncompleteDetails(reason=outcome.reason) if outcome.reason else None,
         error=error,

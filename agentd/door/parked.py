@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import msgspec
 
-from agentd.door.outcome import epoch, items_of, model_of, response_id
+from agentd.door.outcome import call_id, epoch, items_of, model_of, response_id, since
 from agentd.door.shapes import Item, McpApprovalRequest, McpCall, ResponseConversation, ResponseObject
 from agentd.errors import Conflict
-from agentd.views import ApprovalView, Entry, ParkedTurn, TurnView
+from agentd.views import ApprovalView, ParkedTurn, TurnView
 
 __all__ = [
     "APPROVAL_REQUIRED",
@@ -64,26 +64,13 @@ def approval_required(turn: str, approvals: Sequence[ApprovalView]) -> ApprovalR
     )
 
 
-def since(entries: Sequence[Entry], base: int) -> list[Entry]:
-    """The entries one request shows of its turn: those after seq ``base``; the entry at ``base``
-    when it is the assistant message whose calls waited for approvals, by its calls only (its text
-    went out with the answer that asked for them)."""
-    shown: list[Entry] = []
-    for entry in entries:
-        if entry.seq > base:
-            shown.append(entry)
-        elif entry.seq == base and entry.role == "assistant" and entry.tool_calls:
-            shown.append(msgspec.structs.replace(entry, content=""))
-    return shown
-
-
-def _requests(items: list[Item], prefix: str, pending: dict[str, ApprovalView]) -> list[Item]:
+def _requests(items: list[Item], pending: dict[str, ApprovalView]) -> list[Item]:
     """A parked run's items: a call that did not run yet is its approval request, or — a call of the
     waiting step that needs none — left out (it runs, and shows, once the step's calls are decided)."""
     out: list[Item] = []
     for item in items:
         if isinstance(item, McpCall) and item.output is None and item.error is None:
-            approval = pending.get(item.id.removeprefix(f"mcp_{prefix}"))
+            approval = pending.get(item.id)
             if approval is not None:
                 out.append(
                     McpApprovalRequest(
@@ -108,15 +95,13 @@ def parked_response(
     """The Response of a request whose turn waits: what it added after ``base``, then a request
     per pending approval. ``completed``, as OpenAI's hosted MCP answers; ``usage`` null (the turn
     has not ended: its usage is counted once it does)."""
-    prefix = f"{turn.id}_"
-    entries = since(parked.entries, base)
-    pending = {a.call_id: a for a in waiting(parked)}
+    pending = {call_id(turn.id, a.call_id): a for a in waiting(parked)}  # by the mcp_call item's id
     return ResponseObject(
         id=response_id(turn.id),
         created_at=epoch(turn.started_at),
         status="completed",
-        model=model_of(entries, model),
-        output=_requests(items_of(entries, prefix=prefix, inputs=False), prefix, pending),
+        model=model_of(since(parked.entries, base), model),
+        output=_requests(items_of(parked.entries, session=session, inputs=False, base=base), pending),
         usage=None,
         conversation=ResponseConversation(id=session),
         previous_response_id=previous,

@@ -58,7 +58,18 @@ def _message(item: ResponseInputItem, index: int) -> tuple[str, str | list[Part]
 
 
 async def _continued(service: Service, body: ResponsesRequest) -> str | None:
-    """The session the request continues (its ``conversation`` or ``previous_response_id``), else None."""
+    """The session the request continues (its ``conversation`` or ``previous_response_id``, which
+    must be its latest turn), else None."""
+    session = await _named(service, body)
+    if session is not None and body.previous_response_id is not None:
+        await _check_latest(service, session, body.previous_response_id)
+    return session
+
+
+async def _named(service: Service, body: ResponsesRequest) -> str | None:
+    """The session the request names (its ``conversation`` or ``previous_response_id``), else None:
+    nothing that depends on the session's state, so a retry under an ``Idempotency-Key`` finds it
+    the same after the first attempt added its turn."""
     if body.conversation is not None and body.previous_response_id is not None:
         raise Unsupported(
             "previous_response_id",
@@ -72,17 +83,23 @@ async def _continued(service: Service, body: ResponsesRequest) -> str | None:
     turn = turn_of_response(body.previous_response_id)
     if turn is None:
         raise ParamError("previous_response_id", f"no response {body.previous_response_id!r}", code="not_found")
-    session = await service.session_of_turn(turn)
+    return await service.session_of_turn(turn)
+
+
+async def _check_latest(service: Service, session: str, previous: str, claim: Claim | None = None) -> None:
+    """Refuse a ``previous_response_id`` that is not its conversation's latest turn (a turn the
+    claim itself made, by a request before this one with the same key, does not count)."""
+    turn = turn_of_response(previous)
     view = await service.get_session(session)
-    latest = view.turns[-1].id if view.turns else None
+    turns = [t.id for t in view.turns if claim is None or not claim.resumed or t.id != claim.turn]
+    latest = turns[-1] if turns else None
     if latest != turn:
         raise ParamError(
             "previous_response_id",
-            f"response {body.previous_response_id!r} is not the latest of its conversation {session}"
+            f"response {previous!r} is not the latest of its conversation {session}"
             f" (resp_{latest} is): a conversation continues from its latest response",
             code="previous_response_not_latest",
         )
-    return session
 
 
 async def create(service: Service, request: Request) -> Response:
@@ -97,7 +114,9 @@ async def create(service: Service, request: Request) -> Response:
     messages = [_message(item, i) for i, item in enumerate(items)]
     spoken = [(role, said(content, f"input[{i}].content")) for i, (role, content) in enumerate(messages)]
     last = last_user(spoken, "input")
-    continued = await _continued(service, body)
+    # Whether previous_response_id is still the latest is checked in ``work``, after the key was
+    # looked up: a retry of a request that was answered gets its kept answer, not a refusal.
+    continued = await _named(service, body)
     if continued is not None and (len(items) > 1 or body.instructions is not None):
         param = "instructions" if body.instructions is not None else "input"
         raise Unsupported(
@@ -111,6 +130,8 @@ async def create(service: Service, request: Request) -> Response:
 
     async def work(claim: Claim | None) -> Response:
         session = continued
+        if session is not None and body.previous_response_id is not None:
+            await _check_latest(service, session, body.previous_response_id, claim)
         if session is None:
             created = await service.create_session(
                 assistant,

@@ -20,10 +20,11 @@ from typing import Any
 
 import msgspec
 
+from agentd.budget import TurnStatus
 from agentd.door.chatstream import reset_error
 from agentd.door.follow import Rerun, StepEnded, TakenBack, Text, ToolEnded, ToolStarted
-from agentd.door.outcome import response_id, response_object, server_label
-from agentd.door.parked import Parked, parked_response, since
+from agentd.door.outcome import call_id, message_id, response_id, response_object, server_label
+from agentd.door.parked import Parked, parked_response
 from agentd.door.shapes import Item, McpCall, OutputMessage, OutputText, ResponseConversation, ResponseObject
 from agentd.door.stream import KEEP_ALIVE, Ended, Followed, followed, sse
 from agentd.service import Service
@@ -145,8 +146,7 @@ async def response_stream(
     )
     yield emit("response.created", response=start)
     yield emit("response.in_progress", response=start)
-    prefix = f"{turn.turn}_"
-    entry = turn.base + 1  # the seq the turn's next entry gets: a message item's id names it
+    texts = turn.texts  # the speaker's texts of the turn so far: a message item's id counts them
     steps: dict[int, str] = {}  # step -> its message item's id
     calls: dict[str, McpCall] = {}
     async for happening in followed(service, turn, shows_tools=True):
@@ -154,18 +154,18 @@ async def response_stream(
             yield KEEP_ALIVE
         elif isinstance(happening, Text):
             if happening.step not in steps:
-                steps[happening.step] = f"msg_{prefix}{entry}"
+                steps[happening.step] = message_id(turn.turn, "a", turn.speaker, texts)
                 for event in writer.open_message(steps[happening.step]):
                     yield event
             yield writer.text(steps[happening.step], happening.text)
         elif isinstance(happening, StepEnded):
-            entry += 1
+            texts += 1 if happening.content else 0  # a step without text stores no message item
             if happening.step in steps and writer.items[steps[happening.step]].open:
                 for event in writer.close_message(steps[happening.step], happening.content):
                     yield event
         elif isinstance(happening, ToolStarted):
             call = McpCall(
-                id=f"mcp_{prefix}{happening.id}",
+                id=call_id(turn.turn, happening.id),
                 server_label=server_label(happening.name),
                 name=happening.name,
                 arguments=happening.arguments,
@@ -173,26 +173,26 @@ async def response_stream(
             calls[happening.id] = call
             yield writer.tool(call, done=False)
         elif isinstance(happening, ToolEnded):
-            entry += 1
             started = calls.get(happening.id)
             if started is not None:
                 result = {"error": happening.content} if happening.is_error else {"output": happening.content}
                 yield writer.tool(msgspec.structs.replace(started, **result), done=True)
         elif isinstance(happening, Rerun):
-            entry, steps = turn.base + 1, {}  # nothing of the run before went out
+            texts, steps = turn.texts, {}  # nothing of the run before went out
         elif isinstance(happening, TakenBack):
             yield emit("error", **_reset(happening.reason))
             return
         elif isinstance(happening, Ended):
             final = response_object(
                 happening.turn,
-                since(happening.entries, turn.base),
+                happening.entries,
                 session=turn.session,
                 model=model,
+                base=turn.base,
                 previous=previous,
                 metadata=metadata,
             )
-            for event in stream_end(writer, final):
+            for event in stream_end(writer, final, transferred=happening.turn.status == TurnStatus.TRANSFERRED):
                 yield event
             return
         elif isinstance(happening, Parked):  # it waits for approvals: their requests end the answer
@@ -210,20 +210,26 @@ async def response_stream(
             return
 
 
-def _reset(why: str) -> dict[str, Any]:
-    error = reset_error(why)
+def _reset(why: str, *, ended: bool = False) -> dict[str, Any]:
+    error = reset_error(why, ended=ended)
     return {"code": error.code, "message": error.message, "param": None}
 
 
-def stream_end(writer: ItemWriter, final: ResponseObject) -> list[bytes]:
-    """The end of the stream: what it did not show of the final Response, then its terminal event."""
+def stream_end(writer: ItemWriter, final: ResponseObject, *, transferred: bool = False) -> list[bytes]:
+    """The end of the stream: what it did not show of the final Response, then its terminal event.
+
+    ``transferred``: the turn ended in a transfer, whose history mode may remove items the stream
+    showed (RFC 0004 §3): they were said, and stay as they were sent (one still open is closed with
+    the text it had); the final Response is the stored one, without them (RFC 0010 §7)."""
     out: list[bytes] = []
     final_ids = {item.id: item for item in final.output}
     for shown in writer.items.values():
         item = final_ids.get(shown.id)
         text = _text(item) if isinstance(item, OutputMessage) else None
-        if item is None or (text is not None and not text.startswith(shown.text)):
-            return [writer.emit("error", **_reset("the turn's output is not what was streamed"))]
+        if (item is None and not transferred) or (text is not None and not text.startswith(shown.text)):
+            return [writer.emit("error", **_reset("the turn's output is not what was streamed", ended=True))]
+        if item is None and shown.open and shown.id.startswith(MESSAGE_PREFIX):
+            out += writer.close_message(shown.id, shown.text)
     for item in final.output:
         shown_item = writer.items.get(item.id)
         if isinstance(item, OutputMessage):
@@ -241,6 +247,9 @@ def stream_end(writer: ItemWriter, final: ResponseObject) -> list[bytes]:
             out.append(writer.tool(item, done=True))
     out.append(writer.emit(TERMINAL[final.status], response=final))
     return out
+
+
+MESSAGE_PREFIX = "msg_"
 
 
 def _text(item: OutputMessage) -> str:

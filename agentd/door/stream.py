@@ -66,13 +66,17 @@ class Ended(msgspec.Struct, frozen=True, kw_only=True):
 class Followed(msgspec.Struct, kw_only=True):
     """A turn being followed: its session, id, the seq of its user message, the seq of the last
     entry before what this answer shows (``base``: the user message's, or — going on after
-    approvals — the parked step's assistant message), and the subscription (None: the turn was
-    stored by an earlier request with the same key — it is only waited for)."""
+    approvals — the parked step's assistant message), the assistant whose steps stream
+    (``speaker``) with how many texts of it the turn has up to ``base`` (``texts``: a streamed
+    message item's id counts on from it), and the subscription (None: the turn was stored by an
+    earlier request with the same key — it is only waited for)."""
 
     session: str
     turn: str
     user_seq: int
     base: int
+    speaker: str = ""
+    texts: int = 0
     run: int | None = 0  # the run it is followed from (None: whichever goes on after approvals)
     created: int  # epoch seconds: when the turn began
     events: MemoryObjectReceiveStream[tuple[str, dict[str, Any]]] | None
@@ -88,11 +92,13 @@ def _placed(view: SessionView, turn: str) -> tuple[int, int]:
 async def begin(service: Service, session: str, post: PostMessage, *, turn_id: str | None, resumed: bool) -> Followed:
     """Subscribe to ``session`` and post ``post`` to it (not waiting); the turn to follow."""
     turn = turn_id or new_id("t")
-    if resumed:  # an earlier request with the key may have stored the turn: it is not begun again
-        view = await service.get_session(session)
-        if any(t.id == turn for t in view.turns):
-            seq, created = _placed(view, turn)
-            return Followed(session=session, turn=turn, user_seq=seq, base=seq, created=created, events=None)
+    # Read before the post: the turn may transfer before a read after it, and its steps stream as
+    # the assistant it began with.
+    view = await service.get_session(session)
+    speaker = view.assistant
+    if resumed and any(t.id == turn for t in view.turns):  # an earlier request with the key stored it
+        seq, created = _placed(view, turn)  # it is not begun again
+        return Followed(session=session, turn=turn, user_seq=seq, base=seq, created=created, events=None)
     subscription = await service.subscribe(session)
     try:
         await service.send_message(session, msgspec.structs.replace(post, wait=False), turn_id=turn, resumed=resumed)
@@ -101,21 +107,33 @@ async def begin(service: Service, session: str, post: PostMessage, *, turn_id: s
         subscription.close()
         service.unsubscribed(session)
         raise
-    return Followed(session=session, turn=turn, user_seq=seq, base=seq, created=created, events=subscription)
+    return Followed(
+        session=session, turn=turn, user_seq=seq, base=seq, speaker=speaker, created=created, events=subscription
+    )
 
 
-async def watch(service: Service, session: str, turn_id: str, base: int) -> Followed:
+async def watch(service: Service, session: str, turn_id: str, base: int, texts: int) -> Followed:
     """Subscribe to ``session`` to follow its stored turn ``turn_id`` from ``base`` on (a turn that
-    goes on once its approvals are decided: subscribed before they are, so its first delta is heard)."""
+    goes on once its approvals are decided: subscribed before they are, so its first delta is
+    heard); ``texts``: the assistant's texts of the turn up to ``base``."""
     subscription = await service.subscribe(session)
     try:
-        seq, created = _placed(await service.get_session(session), turn_id)
+        view = await service.get_session(session)  # the turn waits: its assistant is the session's
+        seq, created = _placed(view, turn_id)
     except BaseException:
         subscription.close()
         service.unsubscribed(session)
         raise
     return Followed(
-        session=session, turn=turn_id, user_seq=seq, base=base, run=None, created=created, events=subscription
+        session=session,
+        turn=turn_id,
+        user_seq=seq,
+        base=base,
+        speaker=view.assistant,
+        texts=texts,
+        run=None,
+        created=created,
+        events=subscription,
     )
 
 
