@@ -129,11 +129,6 @@ def test_a_turn_that_waited_for_approval_is_priced_for_every_model_call_it_made(
         assert Decimal(usage["cost"]["amount"]) == expected, usage
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: a turn cancelled while it awaits approval is recorded with 0 requests and 0 tokens, "
-    "though its parked run (stored, with its usage) made a paid model call",
-)
 def test_a_turn_cancelled_while_awaiting_approval_keeps_the_spend_of_its_parked_run(tmp_path: Path) -> None:
     """``end_awaiting`` (agentd/supervisor/turns.py) ends the waiting turn through
     ``end_without_result`` with an empty record, dropping the parked run whose ``usage`` the store
