@@ -16,8 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentd.apicommon import instant_param
 from agentd.budget import TurnStatus, Usage
 from agentd.config import ConfigError, Intelligence, Price, parse_config
+from agentd.errors import BadInput
 from agentd.intel.base import CompletionRequest
 from agentd.intel.ollama import OllamaProvider
 from agentd.intel.openai import OpenAIProvider
@@ -26,6 +28,7 @@ from agentd.messages import SystemMessage, UserMessage
 from agentd.records import Cost, Discarded, ModelSpend, StartedTurn, TurnRecord
 from agentd.store.base import SpendRow
 from agentd.usage import add_costs, cost_of, decimal_text, price_record, report, session_usage
+from agentd.views import iso
 from tests.fakes import FakeOllama, FakeOpenAI, Reply
 from tests.store_harness import Backend
 
@@ -441,3 +444,20 @@ def test_a_price_written_as_a_toml_number_is_that_exact_decimal(price: Decimal) 
     config = parse_config(BASE_CONFIG + f'[[prices]]\nmodel = "m"\ninput_per_mtok = {literal}\noutput_per_mtok = 1\n')
     parsed = config.price("m")
     assert parsed is not None and parsed.input_per_mtok == price
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["999999999999", "-999999999999", "253402300800", "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59.9995Z"],
+)
+def test_an_instant_an_iso_time_cannot_render_is_a_bad_usage_query_naming_the_range(text: str) -> None:
+    with pytest.raises(BadInput) as raised:
+        instant_param("until", text)
+    assert raised.value.code == "bad_usage_query"
+    assert "until must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z" in raised.value.message
+
+
+@pytest.mark.parametrize("text", ["-62135596800", "253402300799.999", "0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z"])
+def test_the_ends_of_the_instant_range_are_accepted_and_render(text: str) -> None:
+    instant = instant_param("since", text)
+    assert instant is not None and iso(instant) is not None
