@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from agentd.budget import TurnStatus, Usage
+from agentd.budget import Usage
 from agentd.config import Intelligence
 from agentd.messages import AssistantMessage, Message
 from agentd.records import ModelSpend, TurnRecord
@@ -29,10 +29,10 @@ __all__ = [
     "ApprovalStatus",
     "Decision",
     "ParkedRun",
-    "abandoned_record",
     "check_arguments",
     "decided_status",
     "rejection_text",
+    "with_parked_spend",
 ]
 
 #: ``require_approval = ["*"]``: every tool that is not declared free of side effects.
@@ -104,15 +104,10 @@ class ParkedRun(msgspec.Struct, frozen=True, kw_only=True):
     spend: tuple[ModelSpend, ...] = ()
 
 
-def abandoned_record(
-    parked: ParkedRun | None, turn_id: str, status: TurnStatus, *, started_at: float, ended_at: float, error: str
-) -> TurnRecord:
-    """The record of a turn that ends while it waits for approvals (cancelled, closed): no results,
-    but what its parked run spent — the model calls made before it waited were paid for (RFC 0011
-    §1, RFC 0012 §4). Unpriced: the supervisor prices it like any ended turn."""
-    record = TurnRecord(id=turn_id, status=status, started_at=started_at, ended_at=ended_at, error=error)
-    if parked is None:
-        return record
+def with_parked_spend(record: TurnRecord, parked: ParkedRun) -> TurnRecord:
+    """The record of a turn that ends while it waits for approvals (cancelled, closed), with what
+    its parked run spent: no results, but the model calls made before it waited were paid for
+    (RFC 0011 §1, RFC 0012 §5). Unpriced: the supervisor prices it like any ended turn."""
     models = tuple(dict.fromkeys(m.model for m in parked.messages if isinstance(m, AssistantMessage) and m.model))
     return msgspec.structs.replace(record, models=models, steps=parked.steps, usage=parked.usage, by_model=parked.spend)
 

@@ -12,15 +12,15 @@ from agentd.approvals import (
     ApprovalRules,
     ApprovalStatus,
     ParkedRun,
-    abandoned_record,
     check_arguments,
     decided_status,
     rejection_text,
+    with_parked_spend,
 )
 from agentd.budget import TurnStatus, Usage
 from agentd.config import ConfigError, Price, parse_config
 from agentd.messages import AssistantMessage, ToolCall
-from agentd.records import ModelSpend
+from agentd.records import ModelSpend, TurnRecord
 from agentd.supervisor.approvals import decisions_of
 from agentd.usage import price_record
 
@@ -104,15 +104,16 @@ def test_a_turn_abandoned_while_it_waits_carries_what_its_parked_run_spent() -> 
         usage=spent,
         spend=(ModelSpend(assistant="a", model="m1", usage=spent),),
     )
-    record = abandoned_record(parked, "t1", TurnStatus.CANCELLED, started_at=1.0, ended_at=2.0, error="cancelled")
-    assert (record.status, record.steps, record.models, record.usage, record.error) == (
+    bare = TurnRecord(id="t1", status=TurnStatus.CANCELLED, started_at=1.0, ended_at=2.0, error="cancelled")
+    record = with_parked_spend(bare, parked)
+    assert (record.status, record.steps, record.models, record.usage, record.error, record.ended_at) == (
         TurnStatus.CANCELLED,
         1,
         ("m1",),
         spent,
         "cancelled",
+        2.0,
     )
     priced = price_record(record, [Price(model="m1", input_per_mtok=Decimal(1000), output_per_mtok=Decimal(2000))])
     assert priced.cost is not None and Decimal(priced.cost.amount) == Decimal("0.14")
-    bare = abandoned_record(None, "t1", TurnStatus.CANCELLED, started_at=1.0, ended_at=2.0, error="closed")
-    assert (bare.usage, bare.by_model, bare.steps) == (Usage(), (), 0)
+    assert priced.by_model[0].cost == priced.cost

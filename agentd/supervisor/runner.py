@@ -23,7 +23,7 @@ import anyio.abc
 import msgspec
 
 from agentd import events
-from agentd.approvals import ParkedRun, abandoned_record
+from agentd.approvals import ParkedRun, with_parked_spend
 from agentd.budget import TurnStatus
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
@@ -337,14 +337,13 @@ class TurnRunner:
         A turn whose waiter was answered already (``turn.done``) is left as it is — it ended, or was
         cut to re-run later — unless ``answered`` says that answer was only the 503 of a commit
         being retried: that turn has not ended and must end here, or its session stays busy.
-        ``parked``: the run it parked while awaiting approvals, whose spend its record carries
-        (priced now, like a committed turn: RFC 0011 §2, RFC 0012 §4).
+        ``parked``: its run parked for approvals, whose priced spend the record keeps (RFC 0012 §5).
         """
         if runtime.pending is not turn or turn.record is not None or (turn.done.is_set() and not answered):
             return
         now = time.time()
-        record = abandoned_record(parked, turn.id, status, started_at=turn.started_at, ended_at=now, error=error)
-        spent = price_record(record, self.running.config.prices) if parked is not None else None
+        record = TurnRecord(id=turn.id, status=status, started_at=turn.started_at, ended_at=now, error=error)
+        spent = None if parked is None else price_record(with_parked_spend(record, parked), self.running.config.prices)
         with anyio.CancelScope(shield=True):
             try:
                 await self.store.abandon_turn(
@@ -356,14 +355,13 @@ class TurnRunner:
                     lease=runtime.lease,
                     spent=spent,
                 )
-                record = spent if spent is not None else record
             except LeaseLost as exc:
                 await self.lease_lost(runtime, str(exc))
                 return
             except StoreError as exc:  # e.g. its results were committed meanwhile: nothing to abandon
                 runtime.log.warning(events.LOG_TURN_ABANDON_FAILED, turn=turn.id, error=str(exc))
-                record = abandoned_record(None, turn.id, status, started_at=turn.started_at, ended_at=now, error=error)
-            await self._finish(runtime, turn, record)
+                spent = None  # not stored: what was committed (or nothing) stands
+            await self._finish(runtime, turn, record if spent is None else spent)
 
     async def fail(self, runtime: SessionRuntime, error: str) -> None:
         """Mark the session failed (kept, visible, resumable by a new message); its turn ends failed."""

@@ -243,7 +243,7 @@ class Turns:
                 )
                 approvals.decided(runtime, cancelled)
         # The transaction that abandons the turn cancels its pending approvals (RFC 0012 §4).
-        parked = found[0] if found else None  # what it spent before it waited counts (RFC 0012 §4)
+        parked = found[0] if found else None  # what it spent before it waited counts (RFC 0012 §5)
         await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, reason, parked=parked)
         return turn_id
 
