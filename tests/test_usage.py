@@ -461,3 +461,33 @@ def test_an_instant_an_iso_time_cannot_render_is_a_bad_usage_query_naming_the_ra
 def test_the_ends_of_the_instant_range_are_accepted_and_render(text: str) -> None:
     instant = instant_param("since", text)
     assert instant is not None and iso(instant) is not None
+
+
+async def test_an_abandoned_turn_stores_what_it_spent_like_a_commit(backend: Backend) -> None:
+    """``Store.abandon_turn(spent=…)`` (a turn cancelled while it awaited approvals, RFC 0012 §5):
+    the turn's row has the usage, cost and spend per model, and ``turn_spend`` has its rows."""
+    store = await backend.open()
+    try:
+        await store.create_session(
+            "s1", assistant="triage", generation=1, model="gpt-4o-mini", created_at=1.0, transcript=[]
+        )
+        await store.begin_turn("s1", "t1", None, 99.0)
+        part = ModelSpend(assistant="triage", model="gpt-4o-mini", usage=Usage(1000, 100, requests=1))
+        bare = TurnRecord(id="t1", status=TurnStatus.CANCELLED, started_at=99.0, ended_at=100.0, error="cancelled")
+        spent = price_record(msgspec.structs.replace(bare, steps=1, usage=part.usage, by_model=(part,)), [MINI])
+        await store.abandon_turn("s1", "t1", status="cancelled", error="cancelled", ended_at=100.0, spent=spent)
+        ended = await store.ended_turn("s1", "t1")
+        assert ended is not None
+        record = ended[0]
+        assert (record.status, record.steps, record.usage, record.cost, record.error) == (
+            TurnStatus.CANCELLED,
+            1,
+            part.usage,
+            Cost("0.00021", "USD"),
+            "cancelled",
+        )
+        assert [p.model for p in record.by_model] == ["gpt-4o-mini"]
+        rows = report("model", await store.usage_report("model"), None, None)
+        assert [(g.key, g.requests, g.cost) for g in rows.groups] == [("gpt-4o-mini", 1, Cost("0.00021", "USD"))]
+    finally:
+        await store.close()
