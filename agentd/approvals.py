@@ -175,6 +175,8 @@ def check_arguments(arguments: Any, parameters: dict[str, Any]) -> str | None:
         return f"the tool's schema cannot be checked: $ref {exc.ref!r} does not resolve ({_NO_FETCH})"
     except (referencing.exceptions.Unretrievable, referencing.exceptions.CannotDetermineSpecification) as exc:
         return f"the tool's schema cannot be checked: {_clip(str(exc))} ({_NO_FETCH})"
+    except RecursionError:  # e.g. {"$ref": "#"}: a reference to itself that never reaches a check
+        return "the tool's schema cannot be checked: its references refer back to themselves without end"
     return None
 
 

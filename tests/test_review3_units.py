@@ -69,3 +69,11 @@ def test_checking_edited_arguments_fetches_no_url_a_tool_schema_names() -> None:
         server.shutdown()
         server.server_close()
     assert hits == [], f"agentd fetched {hits} while checking an approval's arguments"
+
+
+@pytest.mark.parametrize("schema", [{"$ref": "#"}, {"allOf": [{"$ref": "#"}]}])
+def test_edited_arguments_against_a_schema_that_refers_to_itself_get_a_reason(schema: dict[str, Any]) -> None:
+    """A schema whose reference is itself recurses without end in jsonschema (RecursionError):
+    a reason (400 ``bad_arguments``), not a 500."""
+    problem = check_arguments({"order": {"id": 1}}, schema)
+    assert isinstance(problem, str) and "refer back to themselves" in problem

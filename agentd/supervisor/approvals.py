@@ -164,7 +164,9 @@ class Approvals:
             raise BadInput("arguments can only be edited by an approve", code="bad_arguments")
         approval = await self._get(approval_id)
         if arguments is not None:
-            problem = check_arguments(arguments, approval.parameters)
+            # In a worker thread: a tool's schema may hold a pattern that backtracks for seconds,
+            # and the loop serves every other request, child frame and lease meanwhile.
+            problem = await anyio.to_thread.run_sync(check_arguments, arguments, approval.parameters)
             if problem is not None:
                 raise BadInput(f"arguments do not fit tool {approval.tool!r}: {problem}", code="bad_arguments")
         try:
