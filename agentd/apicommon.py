@@ -176,22 +176,36 @@ _TRACING_ON = tracing_configured(os.environ)
 _EPOCH = re.compile(r"-?[0-9]{1,12}(\.[0-9]{1,9})?")
 
 
+#: The instants a ``since``/``until`` may name: those an ISO 8601 UTC time renders (years 1 to 9999).
+EARLIEST_INSTANT = dt.datetime(1, 1, 1, tzinfo=dt.UTC).timestamp()
+LATEST_INSTANT = dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.UTC).timestamp()
+
+
 def instant_param(name: str, text: str | None) -> float | None:
-    """A ``since``/``until`` query parameter: epoch seconds or an ISO 8601 time (UTC unless it says)."""
+    """A ``since``/``until`` query parameter: epoch seconds or an ISO 8601 time (UTC unless it says),
+    between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z (the report renders it back)."""
     if not text:
         return None
     if _EPOCH.fullmatch(text):
-        return float(text)
-    try:
-        moment = dt.datetime.fromisoformat(text)
-    except ValueError:
+        instant = float(text)
+    else:
+        try:
+            moment = dt.datetime.fromisoformat(text)
+        except ValueError:
+            raise BadInput(
+                f"{name} must be epoch seconds or an ISO 8601 time like 2026-01-31T00:00:00Z, not {text!r}",
+                code="bad_usage_query",
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.UTC)
+        instant = moment.timestamp()
+    if not EARLIEST_INSTANT <= instant <= LATEST_INSTANT:
         raise BadInput(
-            f"{name} must be epoch seconds or an ISO 8601 time like 2026-01-31T00:00:00Z, not {text!r}",
+            f"{name} must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z "
+            f"(epoch seconds {EARLIEST_INSTANT:.0f} to {LATEST_INSTANT:.3f}), not {text!r}",
             code="bad_usage_query",
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.timestamp()
+        )
+    return instant
 
 
 #: Paging of the API's lists.

@@ -9,6 +9,7 @@ the status transitions are ``decided_status`` and ``rejection_text``.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +18,8 @@ import msgspec
 
 from agentd.budget import Usage
 from agentd.config import Intelligence
-from agentd.messages import Message
-from agentd.records import ModelSpend
+from agentd.messages import AssistantMessage, Message
+from agentd.records import ModelSpend, TurnRecord
 
 __all__ = [
     "ALL_TOOLS",
@@ -31,6 +32,7 @@ __all__ = [
     "check_arguments",
     "decided_status",
     "rejection_text",
+    "with_parked_spend",
 ]
 
 #: ``require_approval = ["*"]``: every tool that is not declared free of side effects.
@@ -102,6 +104,14 @@ class ParkedRun(msgspec.Struct, frozen=True, kw_only=True):
     spend: tuple[ModelSpend, ...] = ()
 
 
+def with_parked_spend(record: TurnRecord, parked: ParkedRun) -> TurnRecord:
+    """The record of a turn that ends while it waits for approvals (cancelled, closed), with what
+    its parked run spent: no results, but the model calls made before it waited were paid for
+    (RFC 0011 §1, RFC 0012 §5). Unpriced: the supervisor prices it like any ended turn."""
+    models = tuple(dict.fromkeys(m.model for m in parked.messages if isinstance(m, AssistantMessage) and m.model))
+    return msgspec.structs.replace(record, models=models, steps=parked.steps, usage=parked.usage, by_model=parked.spend)
+
+
 @dataclass(frozen=True)
 class ApprovalRules:
     """An assistant's ``require_approval``: which of its tools wait for a human."""
@@ -140,18 +150,59 @@ def rejection_text(tool: str, status: ApprovalStatus, reason: str | None) -> str
 
 
 def check_arguments(arguments: Any, parameters: dict[str, Any]) -> str | None:
-    """Why edited ``arguments`` do not fit a tool's JSON schema ``parameters``, or None when they do."""
+    """Why edited ``arguments`` do not fit a tool's JSON schema ``parameters``, or None when they do.
+
+    Nothing is fetched, ever: a ``$ref`` the schema does not hold itself is a reason, like one that
+    points nowhere inside it. A tool schema comes from a tool (an MCP server's ``inputSchema``), and
+    jsonschema's default would fetch a remote ``$ref`` synchronously, on the supervisor's loop.
+    """
     import jsonschema
+    import referencing.exceptions
 
     if not isinstance(arguments, dict):
         return f"arguments must be a JSON object, not {type(arguments).__name__}"
     if not parameters:
         return None
+    validator = _validator(msgspec.json.encode(parameters, order="sorted"))
+    if isinstance(validator, str):
+        return validator
     try:
-        jsonschema.validate(arguments, parameters)
+        validator.validate(arguments)
     except jsonschema.ValidationError as exc:
         where = "/".join(str(p) for p in exc.absolute_path)
         return f"{where + ': ' if where else ''}{exc.message}"
+    except referencing.exceptions.Unresolvable as exc:
+        return f"the tool's schema cannot be checked: $ref {exc.ref!r} does not resolve ({_NO_FETCH})"
+    except (referencing.exceptions.Unretrievable, referencing.exceptions.CannotDetermineSpecification) as exc:
+        return f"the tool's schema cannot be checked: {_clip(str(exc))} ({_NO_FETCH})"
+    except RecursionError:  # e.g. {"$ref": "#"}: a reference to itself that never reaches a check
+        return "the tool's schema cannot be checked: its references refer back to themselves without end"
+    return None
+
+
+_NO_FETCH = "agentd resolves only references within the schema and fetches none"
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _refuse(uri: str) -> Any:
+    """The registry's retrieve: every document not in the schema itself is refused, never fetched."""
+    raise LookupError(f"{uri!r} is not fetched")
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: bytes) -> Any:
+    """A validator for one schema (by its canonical JSON, so repeated decisions build it once),
+    or why the schema is no schema. Its registry retrieves nothing (see ``check_arguments``)."""
+    import jsonschema
+    import referencing
+
+    schema = msgspec.json.decode(schema_json)
+    try:
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
         return f"the tool's schema cannot be checked: {exc.message}"
-    return None
+    return cls(schema, registry=referencing.Registry(retrieve=_refuse))  # type: ignore[call-arg]

@@ -3,6 +3,8 @@ and what edited arguments must fit. No processes."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
 from agentd.approvals import (
@@ -13,9 +15,14 @@ from agentd.approvals import (
     check_arguments,
     decided_status,
     rejection_text,
+    with_parked_spend,
 )
-from agentd.config import ConfigError, parse_config
+from agentd.budget import TurnStatus, Usage
+from agentd.config import ConfigError, Price, parse_config
+from agentd.messages import AssistantMessage, ToolCall
+from agentd.records import ModelSpend, TurnRecord
 from agentd.supervisor.approvals import decisions_of
+from agentd.usage import price_record
 
 
 def test_rules_match_refs_servers_and_star() -> None:
@@ -85,3 +92,28 @@ require_approval = ["tests.tooling:record", "*", "tests.tooling:held"]
     assert ok.limits.approval_timeout == 0.0
     assert ok.assistants[0].require_approval == ("tests.tooling:record", "*")
     assert parse_config('[[assistants]]\nname = "a"\n').limits.approval_timeout == 24 * 3600
+
+
+def test_a_turn_abandoned_while_it_waits_carries_what_its_parked_run_spent() -> None:
+    """A cancel or close of a waiting turn ends it with no results, but its model calls were paid:
+    the record has the parked run's steps, models, usage and spend, and prices like any turn."""
+    spent = Usage(input_tokens=100, output_tokens=20, requests=1)
+    parked = ParkedRun(
+        messages=[AssistantMessage(content="", model="m1", tool_calls=(ToolCall(id="c1", name="t", arguments={}),))],
+        steps=1,
+        usage=spent,
+        spend=(ModelSpend(assistant="a", model="m1", usage=spent),),
+    )
+    bare = TurnRecord(id="t1", status=TurnStatus.CANCELLED, started_at=1.0, ended_at=2.0, error="cancelled")
+    record = with_parked_spend(bare, parked)
+    assert (record.status, record.steps, record.models, record.usage, record.error, record.ended_at) == (
+        TurnStatus.CANCELLED,
+        1,
+        ("m1",),
+        spent,
+        "cancelled",
+        2.0,
+    )
+    priced = price_record(record, [Price(model="m1", input_per_mtok=Decimal(1000), output_per_mtok=Decimal(2000))])
+    assert priced.cost is not None and Decimal(priced.cost.amount) == Decimal("0.14")
+    assert priced.by_model[0].cost == priced.cost

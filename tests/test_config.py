@@ -827,3 +827,26 @@ def test_server_connection_bounds_are_validated_with_their_path(text: str, path:
     issues = issues_of(text)
     assert list(issues) == [path]
     assert fragment in issues[path]
+
+
+# --------------------------------------------------------------------------- [server] trusted_proxies
+
+
+def test_trusted_proxies_default_to_nobody_and_take_addresses_and_networks() -> None:
+    assert Config().server.trusted_proxies == ()
+    config = parse_config('[server]\ntrusted_proxies = ["127.0.0.1", "10.0.0.0/8", "fd00::/8", "*"]\n')
+    assert config.server.trusted_proxies == ("127.0.0.1", "10.0.0.0/8", "fd00::/8", "*")
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "fragment"),
+    [
+        ('[server]\ntrusted_proxies = ["127.0.0.1", "ingress.local"]\n', "server.trusted_proxies[1]", "CIDR"),
+        ('[server]\ntrusted_proxies = ["10.0.0.0/33"]\n', "server.trusted_proxies[0]", "'10.0.0.0/33'"),
+        ('[server]\ntrusted_proxies = "127.0.0.1"\n', "server.trusted_proxies", "array"),
+    ],
+)
+def test_trusted_proxies_are_validated_with_their_path(text: str, path: str, fragment: str) -> None:
+    issues = issues_of(text)
+    assert list(issues) == [path]
+    assert fragment in issues[path]

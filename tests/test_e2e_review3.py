@@ -1,5 +1,5 @@
 """Hostile review (wave-review3) of the wave's console, door, usage and approvals: each test here is
-a break found, through the real daemon; xfail(strict) until fixed."""
+a break found, through the real daemon; each was a strict xfail until it was fixed, and stays as a regression test."""
 
 from __future__ import annotations
 
@@ -31,19 +31,23 @@ def running(tmp: Path, config: str = CONFIG) -> contextlib.AbstractContextManage
     return running_daemon(tmp, config)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: behind a TLS-terminating proxy (k8s ingress) the console refuses every POST, login "
-    "included: same_origin compares Origin https://host with the scheme agentd itself saw (http)",
+#: The proxy in front of agentd connects from loopback here (a k8s ingress: from its pod's address).
+PROXIED_CONFIG = (
+    """
+[server]
+trusted_proxies = ["127.0.0.1"]
+"""
+    + CONFIG
 )
-def test_the_console_logs_in_behind_a_tls_terminating_proxy(tmp_path: Path) -> None:
-    """agentd serves plain HTTP; in production an ingress terminates TLS and forwards with
-    ``X-Forwarded-Proto: https`` and the original ``Host``. The browser's form post then carries
-    ``Origin: https://<host>``, which ``same_origin`` (agentd/console/auth.py) compares with
-    ``request.url.scheme`` — ``http`` — so the login (and every other form) is 403 and the console
-    cannot be used at all; nor would its cookie be marked Secure."""
+
+
+def proxied_login(tmp_path: Path, config: str) -> tuple[httpx.Response, list[str]]:
+    """Log in to the console as a browser on https://<host> does through a TLS-terminating proxy
+    (which forwards ``X-Forwarded-Proto: https``, the original ``Host``, and the browser's cookies,
+    Secure ones included: the browser's side is https). The login's answer and the login form's
+    Set-Cookie headers."""
     port = free_port()
-    daemon = Daemon(tmp_path, CONFIG, args=["--listen", f"127.0.0.1:{port}"], env={"AGENTD_API_TOKEN": TOKEN})
+    daemon = Daemon(tmp_path, config, args=["--listen", f"127.0.0.1:{port}"], env={"AGENTD_API_TOKEN": TOKEN})
     daemon.start()
     try:
         host = f"127.0.0.1:{port}"
@@ -56,11 +60,41 @@ def test_the_console_logs_in_behind_a_tls_terminating_proxy(tmp_path: Path) -> N
             answer = browser.post(
                 "/console/login",
                 data={"token": TOKEN, "csrf": csrf.group(1), "next": "/console/"},
-                headers={"Origin": f"https://{host}", "Sec-Fetch-Site": "same-origin"},
+                headers={
+                    "Origin": f"https://{host}",
+                    "Sec-Fetch-Site": "same-origin",
+                    # The browser is on https: it sends its Secure cookies too, which the proxy
+                    # forwards (httpx's jar keeps them off this plain-http hop).
+                    "Cookie": "; ".join(f"{c.name}={c.value}" for c in browser.cookies.jar),
+                },
             )
-            assert answer.status_code == 303, f"{answer.status_code}: {answer.text[:300]}"
+            return answer, form.headers.get_list("set-cookie")
     finally:
         daemon.stop()
+
+
+def test_the_console_logs_in_behind_a_tls_terminating_proxy(tmp_path: Path) -> None:
+    """agentd serves plain HTTP; in production an ingress terminates TLS and forwards with
+    ``X-Forwarded-Proto: https`` and the original ``Host``. The browser's form post then carries
+    ``Origin: https://<host>``, which ``same_origin`` (agentd/console/auth.py) compared with
+    ``request.url.scheme`` — ``http`` — so the login (and every other form) was 403 and the console
+    could not be used at all; nor was its cookie marked Secure. With the proxy's address in
+    ``[server] trusted_proxies`` the request's scheme is the one the browser used."""
+    answer, cookies = proxied_login(tmp_path, PROXIED_CONFIG)
+    assert answer.status_code == 303, f"{answer.status_code}: {re.findall('refused[^<]*', answer.text)}"
+    assert all("Secure" in cookie for cookie in cookies) and cookies, cookies
+    logged_in = answer.headers.get_list("set-cookie")
+    assert any(c.startswith("agentd_console=") and "Secure" in c for c in logged_in), logged_in
+
+
+def test_forwarded_headers_are_believed_from_no_one_by_default(tmp_path: Path) -> None:
+    """Without ``[server] trusted_proxies`` nobody's ``X-Forwarded-Proto`` counts, loopback's
+    included (uvicorn's own default trusts it): the request stays http, so an https Origin is
+    another origin and the cookie is not Secure."""
+    answer, cookies = proxied_login(tmp_path, CONFIG)
+    assert answer.status_code == 403, f"{answer.status_code}: {answer.text[:300]}"
+    assert "another origin" in answer.text
+    assert cookies and not any("Secure" in cookie for cookie in cookies), cookies
 
 
 def test_a_retried_response_continuing_a_conversation_is_replayed_not_refused(tmp_path: Path) -> None:
@@ -124,11 +158,6 @@ def test_a_turn_that_waited_for_approval_is_priced_for_every_model_call_it_made(
         assert Decimal(usage["cost"]["amount"]) == expected, usage
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: a turn cancelled while it awaits approval is recorded with 0 requests and 0 tokens, "
-    "though its parked run (stored, with its usage) made a paid model call",
-)
 def test_a_turn_cancelled_while_awaiting_approval_keeps_the_spend_of_its_parked_run(tmp_path: Path) -> None:
     """``end_awaiting`` (agentd/supervisor/turns.py) ends the waiting turn through
     ``end_without_result`` with an empty record, dropping the parked run whose ``usage`` the store
@@ -291,11 +320,6 @@ def test_item_ids_a_conversation_gave_out_survive_a_transfer(tmp_path: Path) -> 
         assert paged.status_code == 200, paged.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: GET /v1/usage with a since/until the parser accepts but a datetime cannot hold "
-    "(until=999999999999, a 0001-01-01 time with an offset) is a 500 ValueError, not a 400",
-)
 @pytest.mark.parametrize("query", ["until=999999999999", "since=-999999999999", "since=0001-01-01T00:00:00%2B01:00"])
 def test_usage_with_an_instant_out_of_range_is_a_clear_400(tmp_path: Path, query: str) -> None:
     """``instant_param`` (agentd/apicommon.py) accepts up to 12 digits of epoch seconds and any ISO

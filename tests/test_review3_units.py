@@ -1,5 +1,5 @@
 """Hostile review (wave-review3): breaks shown without processes, where that is honest; each is
-xfail(strict) until fixed."""
+each was a strict xfail until it was fixed, and stays as a regression test."""
 
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ import pytest
 from agentd.approvals import check_arguments
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: edited approval arguments checked against a tool schema with an unresolvable $ref "
-    "raise jsonschema's referencing error (a 500 from POST /v1/approvals/{id}) instead of a reason",
-)
 @pytest.mark.parametrize(
     "schema",
     [
@@ -39,11 +34,6 @@ def test_edited_arguments_against_a_schema_with_a_dangling_ref_get_a_reason_not_
     assert isinstance(problem, str) and problem
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review3: checking edited approval arguments fetches a remote $ref of the tool's schema with "
-    "urllib, synchronously on the supervisor's event loop (no timeout): an outbound request and a frozen daemon",
-)
 def test_checking_edited_arguments_fetches_no_url_a_tool_schema_names() -> None:
     """``check_arguments`` runs ``jsonschema.validate`` inside ``Approvals.decide`` (async, on the
     supervisor's loop). jsonschema resolves a remote ``$ref`` by fetching it (``urllib.request.urlopen``
@@ -79,3 +69,11 @@ def test_checking_edited_arguments_fetches_no_url_a_tool_schema_names() -> None:
         server.shutdown()
         server.server_close()
     assert hits == [], f"agentd fetched {hits} while checking an approval's arguments"
+
+
+@pytest.mark.parametrize("schema", [{"$ref": "#"}, {"allOf": [{"$ref": "#"}]}])
+def test_edited_arguments_against_a_schema_that_refers_to_itself_get_a_reason(schema: dict[str, Any]) -> None:
+    """A schema whose reference is itself recurses without end in jsonschema (RecursionError):
+    a reason (400 ``bad_arguments``), not a 500."""
+    problem = check_arguments({"order": {"id": 1}}, schema)
+    assert isinstance(problem, str) and "refer back to themselves" in problem

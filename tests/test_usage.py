@@ -16,8 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentd.apicommon import instant_param
 from agentd.budget import TurnStatus, Usage
 from agentd.config import ConfigError, Intelligence, Price, parse_config
+from agentd.errors import BadInput
 from agentd.intel.base import CompletionRequest
 from agentd.intel.ollama import OllamaProvider
 from agentd.intel.openai import OpenAIProvider
@@ -26,6 +28,7 @@ from agentd.messages import SystemMessage, UserMessage
 from agentd.records import Cost, Discarded, ModelSpend, StartedTurn, TurnRecord
 from agentd.store.base import SpendRow
 from agentd.usage import add_costs, cost_of, decimal_text, price_record, report, session_usage
+from agentd.views import iso
 from tests.fakes import FakeOllama, FakeOpenAI, Reply
 from tests.store_harness import Backend
 
@@ -441,3 +444,50 @@ def test_a_price_written_as_a_toml_number_is_that_exact_decimal(price: Decimal) 
     config = parse_config(BASE_CONFIG + f'[[prices]]\nmodel = "m"\ninput_per_mtok = {literal}\noutput_per_mtok = 1\n')
     parsed = config.price("m")
     assert parsed is not None and parsed.input_per_mtok == price
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["999999999999", "-999999999999", "253402300800", "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59.9995Z"],
+)
+def test_an_instant_an_iso_time_cannot_render_is_a_bad_usage_query_naming_the_range(text: str) -> None:
+    with pytest.raises(BadInput) as raised:
+        instant_param("until", text)
+    assert raised.value.code == "bad_usage_query"
+    assert "until must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z" in raised.value.message
+
+
+@pytest.mark.parametrize("text", ["-62135596800", "253402300799.999", "0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z"])
+def test_the_ends_of_the_instant_range_are_accepted_and_render(text: str) -> None:
+    instant = instant_param("since", text)
+    assert instant is not None and iso(instant) is not None
+
+
+async def test_an_abandoned_turn_stores_what_it_spent_like_a_commit(backend: Backend) -> None:
+    """``Store.abandon_turn(spent=…)`` (a turn cancelled while it awaited approvals, RFC 0012 §5):
+    the turn's row has the usage, cost and spend per model, and ``turn_spend`` has its rows."""
+    store = await backend.open()
+    try:
+        await store.create_session(
+            "s1", assistant="triage", generation=1, model="gpt-4o-mini", created_at=1.0, transcript=[]
+        )
+        await store.begin_turn("s1", "t1", None, 99.0)
+        part = ModelSpend(assistant="triage", model="gpt-4o-mini", usage=Usage(1000, 100, requests=1))
+        bare = TurnRecord(id="t1", status=TurnStatus.CANCELLED, started_at=99.0, ended_at=100.0, error="cancelled")
+        spent = price_record(msgspec.structs.replace(bare, steps=1, usage=part.usage, by_model=(part,)), [MINI])
+        await store.abandon_turn("s1", "t1", status="cancelled", error="cancelled", ended_at=100.0, spent=spent)
+        ended = await store.ended_turn("s1", "t1")
+        assert ended is not None
+        record = ended[0]
+        assert (record.status, record.steps, record.usage, record.cost, record.error) == (
+            TurnStatus.CANCELLED,
+            1,
+            part.usage,
+            Cost("0.00021", "USD"),
+            "cancelled",
+        )
+        assert [p.model for p in record.by_model] == ["gpt-4o-mini"]
+        rows = report("model", await store.usage_report("model"), None, None)
+        assert [(g.key, g.requests, g.cost) for g in rows.groups] == [("gpt-4o-mini", 1, Cost("0.00021", "USD"))]
+    finally:
+        await store.close()

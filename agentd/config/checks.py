@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import ipaddress
 import math
 import re
 import types
@@ -240,6 +241,23 @@ def _listen_issues(listen: str | None) -> list[ConfigIssue]:
     return []
 
 
+def _trusted_proxies_issues(proxies: tuple[str, ...]) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    for i, proxy in enumerate(proxies):
+        if proxy == "*":
+            continue
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            issues.append(
+                ConfigIssue(
+                    f"server.trusted_proxies[{i}]",
+                    f'must be an IP address, a CIDR network (10.0.0.0/8) or "*", got {proxy!r}',
+                )
+            )
+    return issues
+
+
 # --------------------------------------------------------------------------- semantic checks
 
 
@@ -302,6 +320,7 @@ def _store_issues(store: StoreSettings) -> list[ConfigIssue]:
 
 def semantic_issues(config: Config) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = _listen_issues(config.server.listen) + _store_issues(config.store)
+    issues.extend(_trusted_proxies_issues(config.server.trusted_proxies))
     issues.extend(_supervisor_issues(config.supervisor))
     issues.extend(_mcp_server_issues(config.mcp_servers))
     issues.extend(_prices_issues(config))

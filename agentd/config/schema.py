@@ -199,6 +199,10 @@ class ServerSettings(_Section, frozen=True):
     # How long an Idempotency-Key is remembered (RFC 0010 §2): the same key again within it gets
     # the first request's answer; expired keys are deleted.
     idempotency_ttl: Seconds = 24 * 3600.0
+    # The addresses (IPs or CIDR networks; "*" is everyone) of the reverse proxies whose
+    # X-Forwarded-Proto and X-Forwarded-For agentd believes: behind a TLS-terminating proxy the
+    # console's origin is https and its cookies are Secure. Empty: nobody's forwarded headers.
+    trusted_proxies: tuple[str, ...] = ()
 
 
 class StoreSettings(_Section, frozen=True):

@@ -432,11 +432,14 @@ class Store(abc.ABC):
         error: str | None,
         ended_at: float,
         lease: Lease | None = None,
+        spent: TurnRecord | None = None,
     ) -> None:
         """End a pending turn without results (e.g. its session was closed); its user message stays.
 
         ``status`` must be a TurnStatus value. A ``running`` session becomes ``idle``; a
-        ``failed`` or ``closed`` one keeps its state. StoreError if the turn is unknown or not
+        ``failed`` or ``closed`` one keeps its state. ``spent``: what the turn spent before it
+        ended (a parked run's model calls, priced), stored like a commit stores it — its steps,
+        models, usage, cost and spend per model. StoreError if the turn is unknown or not
         pending; LeaseLost if ``lease`` is given and is no longer the session's.
         """
 

@@ -416,18 +416,31 @@ def _first_commit_seq(session_id: str, turn: Row, rewrite: bool) -> Op[int | Non
 
 
 def abandon_turn(
-    session_id: str, turn_id: str, *, status: str, error: str | None, ended_at: float, lease: Lease | None
+    session_id: str,
+    turn_id: str,
+    *,
+    status: str,
+    error: str | None,
+    ended_at: float,
+    lease: Lease | None,
+    spent: TurnRecord | None = None,
 ) -> Op[None]:
-    """``Store.abandon_turn``: end a pending turn without results; a running session becomes idle."""
+    """``Store.abandon_turn``: end a pending turn without results; a running session becomes idle.
+    ``spent``: what the turn spent before it ended (its row's usage columns and its ``turn_spend``
+    rows), like a commit writes them."""
     refusal = f"cannot abandon session {session_id} turn {turn_id}"
     turn = yield from pending_turn_row(session_id, turn_id, refusal, lease)
-    yield from execute(
-        "UPDATE turns SET status = :status, error = :error, ended_at = :ended_at WHERE n = :n",
-        status=status,
-        error=error,
-        ended_at=ended_at,
-        n=turn["n"],
-    )
+    columns: dict[str, Any] = {"status": status, "error": error, "ended_at": ended_at}
+    if spent is not None:
+        columns = codec.ended_turn_columns(spent, TurnStatus(status)) | columns
+    assignments = ", ".join(f"{name} = :{name}" for name in columns)
+    yield from execute(f"UPDATE turns SET {assignments} WHERE n = :n", **columns, n=turn["n"])
+    rows = codec.spend_rows(session_id, spent) if spent is not None else []
+    if rows:
+        yield from execute_many(
+            f"INSERT INTO turn_spend ({', '.join(rows[0])}) VALUES ({', '.join(':' + name for name in rows[0])})",
+            rows,
+        )
     yield from prune_journal(session_id, turn_id)
     ended = f"the turn ended ({status}): {error}" if error else f"the turn ended ({status})"
     yield from end_approvals(session_id, turn_id, ended, ended_at)

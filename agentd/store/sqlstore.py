@@ -224,6 +224,7 @@ class SqlStore(Store):
         error: str | None,
         ended_at: float,
         lease: Lease | None = None,
+        spent: TurnRecord | None = None,
     ) -> None:
         where = f"session {session_id} turn {turn_id}"
         if status not in codec.TURN_STATUSES:
@@ -231,7 +232,9 @@ class SqlStore(Store):
                 f"cannot abandon {where}: unknown status {status!r} (expected one of {sorted(codec.TURN_STATUSES)})"
             )
         error = self.dialect.text(error)
-        op = ops.abandon_turn(session_id, turn_id, status=status, error=error, ended_at=ended_at, lease=lease)
+        op = ops.abandon_turn(
+            session_id, turn_id, status=status, error=error, ended_at=ended_at, lease=lease, spent=spent
+        )
         await self._write(f"abandon {where}", op)
 
     async def pending_turn(self, session_id: str) -> StartedTurn | None:

@@ -164,7 +164,9 @@ class Approvals:
             raise BadInput("arguments can only be edited by an approve", code="bad_arguments")
         approval = await self._get(approval_id)
         if arguments is not None:
-            problem = check_arguments(arguments, approval.parameters)
+            # In a worker thread: a tool's schema may hold a pattern that backtracks for seconds,
+            # and the loop serves every other request, child frame and lease meanwhile.
+            problem = await anyio.to_thread.run_sync(check_arguments, arguments, approval.parameters)
             if problem is not None:
                 raise BadInput(f"arguments do not fit tool {approval.tool!r}: {problem}", code="bad_arguments")
         try:
@@ -298,7 +300,14 @@ class _Runner(Protocol):
     approvals: Approvals | None
 
     async def end_without_result(
-        self, runtime: SessionRuntime, turn: PendingTurn, status: TurnStatus, error: str, *, answered: bool = False
+        self,
+        runtime: SessionRuntime,
+        turn: PendingTurn,
+        status: TurnStatus,
+        error: str,
+        *,
+        answered: bool = False,
+        parked: ParkedRun | None = None,
     ) -> None: ...
 
     async def lease_lost(self, runtime: SessionRuntime, reason: str) -> None: ...
@@ -354,7 +363,9 @@ async def on_parked(runner: _Runner, runtime: SessionRuntime, child: str, frame:
         log.warning(events.LOG_TURN_UNEXPECTED, session=runtime.id, turn=frame.turn, child=child)
         return
     if pending.cancel_requested:  # cancelled while its last step ran: it ends, nothing waits
-        await runner.end_without_result(runtime, pending, TurnStatus.CANCELLED, "cancelled before it could wait")
+        await runner.end_without_result(
+            runtime, pending, TurnStatus.CANCELLED, "cancelled before it could wait", parked=frame.run
+        )
         return
     with anyio.CancelScope(shield=True):
         try:
@@ -364,7 +375,9 @@ async def on_parked(runner: _Runner, runtime: SessionRuntime, child: str, frame:
             return
         except StoreError as exc:
             runtime.log.error(events.LOG_APPROVAL_FAILED, what="store the approvals", turn=frame.turn, error=str(exc))
-            await runner.end_without_result(runtime, pending, TurnStatus.FAILED, f"cannot store its approvals: {exc}")
+            await runner.end_without_result(
+                runtime, pending, TurnStatus.FAILED, f"cannot store its approvals: {exc}", parked=frame.run
+            )
             return
         pending.waits_for(result.approvals)
         # Announced (they are stored) while the turn still holds its lease: a subscriber on another

@@ -186,7 +186,8 @@ class _Listeners:
         if self.bound:
             return
         self.bound = True  # from here on close() removes the socket file
-        self._servers.append((ApiServer(self.front, name="unix"), bind_unix_socket(self.socket_path)))
+        unix = ApiServer(self.front, name="unix", trusted_proxies=self.settings.trusted_proxies)
+        self._servers.append((unix, bind_unix_socket(self.socket_path)))
         if self.listen:
             configured = self.settings.max_connections
             cap = connection_cap(configured)
@@ -198,6 +199,7 @@ class _Listeners:
                 name=self.listen,
                 max_connections=cap,
                 header_timeout=self.settings.header_timeout,
+                trusted_proxies=self.settings.trusted_proxies,
             )
             self._servers.append((server, bind_tcp_socket(self.listen)))
 

@@ -33,7 +33,7 @@ import functools
 import resource
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -334,11 +334,21 @@ class ApiServer(uvicorn.Server):
         name: str,
         max_connections: int | None = None,
         header_timeout: float | None = None,
+        trusted_proxies: Sequence[str] = (),
     ) -> None:
         # ws="none": agentd serves no WebSocket, and an upgrade would swap the protocol out from
-        # under GuardedProtocol (its slot would never come back).
+        # under GuardedProtocol (its slot would never come back). Forwarded headers are believed
+        # from ``[server] trusted_proxies`` only: uvicorn's default (loopback, or FORWARDED_ALLOW_IPS
+        # from the environment) would let any local process claim https or another client address.
         config = uvicorn.Config(
-            app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=2, ws="none"
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            ws="none",
+            proxy_headers=bool(trusted_proxies),
+            forwarded_allow_ips=list(trusted_proxies),
         )
         super().__init__(config)
         self.name = name

@@ -23,6 +23,7 @@ import anyio.abc
 import msgspec
 
 from agentd import events
+from agentd.approvals import ParkedRun, with_parked_spend
 from agentd.budget import TurnStatus
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
@@ -322,29 +323,45 @@ class TurnRunner:
     # ------------------------------------------------------------------ ending a turn
 
     async def end_without_result(
-        self, runtime: SessionRuntime, turn: PendingTurn, status: TurnStatus, error: str, *, answered: bool = False
+        self,
+        runtime: SessionRuntime,
+        turn: PendingTurn,
+        status: TurnStatus,
+        error: str,
+        *,
+        answered: bool = False,
+        parked: ParkedRun | None = None,
     ) -> None:
         """End ``turn`` with no result from a child; its user message stays in the transcript.
 
         A turn whose waiter was answered already (``turn.done``) is left as it is — it ended, or was
         cut to re-run later — unless ``answered`` says that answer was only the 503 of a commit
         being retried: that turn has not ended and must end here, or its session stays busy.
+        ``parked``: its run parked for approvals, whose priced spend the record keeps (RFC 0012 §5).
         """
         if runtime.pending is not turn or turn.record is not None or (turn.done.is_set() and not answered):
             return
         now = time.time()
+        record = TurnRecord(id=turn.id, status=status, started_at=turn.started_at, ended_at=now, error=error)
+        spent = None if parked is None else price_record(with_parked_spend(record, parked), self.running.config.prices)
         with anyio.CancelScope(shield=True):
             try:
                 await self.store.abandon_turn(
-                    runtime.id, turn.id, status=status.value, error=error, ended_at=now, lease=runtime.lease
+                    runtime.id,
+                    turn.id,
+                    status=status.value,
+                    error=error,
+                    ended_at=now,
+                    lease=runtime.lease,
+                    spent=spent,
                 )
             except LeaseLost as exc:
                 await self.lease_lost(runtime, str(exc))
                 return
             except StoreError as exc:  # e.g. its results were committed meanwhile: nothing to abandon
                 runtime.log.warning(events.LOG_TURN_ABANDON_FAILED, turn=turn.id, error=str(exc))
-            record = TurnRecord(id=turn.id, status=status, started_at=turn.started_at, ended_at=now, error=error)
-            await self._finish(runtime, turn, record)
+                spent = None  # not stored: what was committed (or nothing) stands
+            await self._finish(runtime, turn, record if spent is None else spent)
 
     async def fail(self, runtime: SessionRuntime, error: str) -> None:
         """Mark the session failed (kept, visible, resumable by a new message); its turn ends failed."""

@@ -206,7 +206,11 @@ class Turns:
         turn = PendingTurn(id=turn_id, message=started.message, started_at=started.started_at, budget_start=time.time())
         runtime.restore(turn)
         if started.cancel_requested:
-            await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled while it waited")
+            found = await self.store.parked_run(session_id, turn_id)  # what it spent before it waited counts
+            parked = found[0] if found else None
+            await self.runner.end_without_result(
+                runtime, turn, TurnStatus.CANCELLED, "cancelled while it waited", parked=parked
+            )
             return None
         runtime.run_restored()
         self.runner.start(runtime, turn)
@@ -239,7 +243,8 @@ class Turns:
                 )
                 approvals.decided(runtime, cancelled)
         # The transaction that abandons the turn cancels its pending approvals (RFC 0012 §4).
-        await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, reason)
+        parked = found[0] if found else None  # what it spent before it waited counts (RFC 0012 §5)
+        await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, reason, parked=parked)
         return turn_id
 
     def drive(self, runtime: SessionRuntime, turn: PendingTurn) -> None:
