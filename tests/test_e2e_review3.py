@@ -1,5 +1,6 @@
 """Hostile review (wave-review3) of the wave's console, door, usage and approvals: each test here is
-a break found, through the real daemon; each was a strict xfail until it was fixed, and stays as a regression test."""
+a break found, through the real daemon; each was a strict xfail until it was fixed, and stays as a
+regression test."""
 
 from __future__ import annotations
 

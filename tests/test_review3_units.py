@@ -1,5 +1,5 @@
-"""Hostile review (wave-review3): breaks shown without processes, where that is honest; each is
-each was a strict xfail until it was fixed, and stays as a regression test."""
+"""Hostile review (wave-review3): breaks shown without processes, where that is honest; each was a
+strict xfail until it was fixed, and stays as a regression test."""
 
 from __future__ import annotations
 
