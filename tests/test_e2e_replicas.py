@@ -508,7 +508,10 @@ def test_a_run_whose_lease_was_lost_relays_nothing_more_and_nothing_follows_turn
         with relayed_events(url) as heard:
             turn = a.send(session, "hold this", wait=False)["turn_id"]
             stream.wait("step.started", lambda data: data.get("turn") == turn)  # relayed from a, live
-            origin = next(e.origin for e in heard if e.turn == turn)
+            # The test's own LISTEN hears the NOTIFY c relayed, in a thread of its own: maybe later.
+            origin = wait_until(
+                lambda: next((e.origin for e in list(heard) if e.turn == turn), None), "the relayed event"
+            )
             a.signal(signal.SIGSTOP)  # it renews nothing now; its child runs on
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("UPDATE sessions SET lease_expires = 0 WHERE id = %s", (session,))
