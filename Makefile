@@ -3,8 +3,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# The suite's end-to-end tests mostly wait on the daemons they start: four workers keep two cores busy.
-TEST_WORKERS ?= 4
+# The suite's end-to-end tests mostly wait on the daemons they start: six workers keep two cores busy.
+TEST_WORKERS ?= 6
 
 .PHONY: run test check lint types unit install install-test bench clean
 
