@@ -20,7 +20,7 @@ from agentd.door.inputs import assistant_of, include_usage, last_user, message_o
 from agentd.door.outcome import chat_completion
 from agentd.door.parked import approval_required
 from agentd.door.shapes import ChatRequest
-from agentd.door.stream import begin, sse_response
+from agentd.door.stream import begin, session_for, sse_response
 from agentd.service import Claim, Service
 from agentd.views import MessageResult, PostMessage
 
@@ -47,16 +47,7 @@ async def create(service: Service, request: Request) -> Response:
     )
 
     async def work(claim: Claim | None) -> Response:
-        session = continued
-        if session is None:
-            created = await service.create_session(
-                assistant,
-                session_id=claim.session if claim else None,
-                resumed=claim.resumed if claim else False,
-                seeded=seeded,
-                opener=False,
-            )
-            session = created.id
+        session = await session_for(service, continued, assistant, seeded, claim)
         post = PostMessage(content=last.text, images=last.images or None)
         if body.stream:
             turn = await begin(

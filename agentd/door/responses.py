@@ -24,7 +24,7 @@ from agentd.door.outcome import response_object, turn_of_response
 from agentd.door.parked import Parked, parked_response
 from agentd.door.responsestream import response_stream
 from agentd.door.shapes import ConversationRef, Part, ResponseInputItem, ResponsesRequest
-from agentd.door.stream import begin, settled, settled_now, sse_response
+from agentd.door.stream import begin, session_for, settled, settled_now, sse_response
 from agentd.errors import Conflict, NotFound
 from agentd.messages import Message, SystemMessage
 from agentd.records import PENDING
@@ -132,15 +132,7 @@ async def create(service: Service, request: Request) -> Response:
         session = continued
         if session is not None and body.previous_response_id is not None:
             await _check_latest(service, session, body.previous_response_id, claim)
-        if session is None:
-            created = await service.create_session(
-                assistant,
-                session_id=claim.session if claim else None,
-                resumed=claim.resumed if claim else False,
-                seeded=seeded,
-                opener=False,
-            )
-            session = created.id
+        session = await session_for(service, session, assistant, seeded, claim)
         post = PostMessage(content=last.text, images=last.images or None)
         if body.stream:
             turn = await begin(

@@ -27,8 +27,9 @@ from agentd import events
 from agentd.door.follow import Happening, Sent, follow
 from agentd.door.outcome import epoch
 from agentd.door.parked import Parked, waiting
+from agentd.messages import Message
 from agentd.records import PENDING
-from agentd.service import Service
+from agentd.service import Claim, Service
 from agentd.supervisor.turns import new_id
 from agentd.views import Entry, PostMessage, SessionView, TurnView
 
@@ -87,6 +88,23 @@ def _placed(view: SessionView, turn: str) -> tuple[int, int]:
     seq = next((e.seq for e in view.transcript if e.turn == turn and e.role == "user"), -1)
     began = next((t.started_at for t in view.turns if t.id == turn), None)
     return seq, epoch(began) if began else int(time.time())
+
+
+async def session_for(
+    service: Service, continued: str | None, assistant: str | None, seeded: list[Message], claim: Claim | None
+) -> str:
+    """The session a door request posts to: the one it continues, else a new one seeded with the
+    request's earlier messages (under the id an idempotency key chose for it, if one did)."""
+    if continued is not None:
+        return continued
+    created = await service.create_session(
+        assistant,
+        session_id=claim.session if claim else None,
+        resumed=claim.resumed if claim else False,
+        seeded=seeded,
+        opener=False,
+    )
+    return created.id
 
 
 async def begin(service: Service, session: str, post: PostMessage, *, turn_id: str | None, resumed: bool) -> Followed:
