@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from agentd import otel
 from agentd.budget import TurnStatus
 from agentd.child.session import ChildSession
-from agentd.child.spans import tool_done, turn_done
+from agentd.child.spans import tool_done, turn_done, turn_parked
 from agentd.child.turn import run_turn
 from agentd.config import Intelligence, SwapPolicy, intelligence_map, parse_config
 from agentd.intel.base import CompletionRequest
@@ -155,6 +155,19 @@ async def test_a_turn_that_ends_badly_names_its_status_as_error_type(exporter: I
     assert done.record.status is TurnStatus.LOOP_DETECTED
     agent = spans(exporter)["invoke_agent main"][-1]
     assert (agent.attributes or {})["error.type"] == "loop_detected" and agent.status.status_code is StatusCode.ERROR
+
+
+def test_a_run_parked_for_approvals_ends_its_span_neither_completed_nor_failed(
+    exporter: InMemorySpanExporter,
+) -> None:
+    with otel.tracing().invoke_agent(
+        assistant="main", session="s-1", turn="t-1", generation=4, run=0, carrier={"traceparent": TRACEPARENT}
+    ) as span:
+        turn_parked(span, 2)
+    (agent,) = spans(exporter)["invoke_agent main"]
+    a = agent.attributes or {}
+    assert (a["agentd.turn.status"], a["agentd.approvals"]) == ("awaiting_approval", 2)
+    assert "error.type" not in a and agent.status.status_code is not StatusCode.ERROR
 
 
 async def test_a_restart_turn_swap_is_a_span_event_and_the_rerun_counts(exporter: InMemorySpanExporter) -> None:

@@ -18,7 +18,7 @@ import anyio
 from agentd import events
 from agentd.child.deltas import DeltaStream
 from agentd.child.session import ChildSession
-from agentd.child.spans import turn_done
+from agentd.child.spans import turn_done, turn_parked
 from agentd.child.toolbox import Toolbox, build_toolbox
 from agentd.child.turn import run_turn
 from agentd.config import Config, Intelligence, intelligence_map
@@ -333,7 +333,7 @@ class ChildRuntime:
                     if isinstance(done, TurnDone):
                         turn_done(span, done.record)
                     else:  # parked for approvals: the run stops here, the turn goes on later
-                        span.set({"agentd.turn.status": "awaiting_approval", "agentd.approvals": len(done.requests)})
+                        turn_parked(span, len(done.requests))
             await self.send(done)
             await session.apply_parked(turn=None)  # idle now: its boundary is now
         except Exception as exc:  # a loop bug must not take the other sessions down

@@ -111,6 +111,12 @@ def tool_done(
         )
 
 
+def turn_parked(span: Span, waiting: int) -> None:
+    """The run stopped for ``waiting`` approvals (RFC 0012): the turn goes on later, in a run of its
+    own, so this run's span ends neither completed nor failed."""
+    span.set({"agentd.turn.status": "awaiting_approval", "agentd.approvals": waiting})
+
+
 def turn_done(span: Span, record: TurnRecord) -> None:
     """The turn (run) ended: its status (``error.type`` unless it ended well) and what it spent."""
     span.set({"agentd.turn.status": record.status.value, "agentd.turn.steps": record.steps, **_usage(record.usage)})
