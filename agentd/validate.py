@@ -10,6 +10,8 @@ It checks, in order, and reports every issue found with its path:
    in a fresh ``python -P -m agentd.validate`` process with the children's environment — ``-P``
    keeps the working directory off ``sys.path`` as it is for a child (RFC 0006 §9) — and within
    ``supervisor.spawn_timeout``: a tool a child cannot import by then can never start a child.
+   That time runs once the check process has started: an interpreter slow to start on a loaded
+   machine is retried for a child, but would refuse a config for good.
    Importing them in the daemon itself would run a tool's import-time code in the supervisor,
    let an import that hangs hold a reload forever, and find modules cached by an earlier
    import instead of the files as they are now. Built-in tools import nothing and are resolved
@@ -24,10 +26,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
 import threading
+import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 
@@ -56,6 +60,11 @@ __all__ = [
 
 #: Left over after a timed-out check was killed: how long its output may take to arrive.
 _AFTER_KILL_SECONDS = 2.0
+#: How long a check process may take to start (an interpreter, on a loaded machine) before its
+#: tools' imports are timed against ``spawn_timeout``.
+_START_SECONDS = 30.0
+#: The check's first line on stdout: it has started and reads the refs; the imports begin.
+_STARTED = b"started\n"
 #: The environment variable the daemon never passes to children (nor to the tool check).
 _TOKEN_ENV = "AGENTD_API_TOKEN"
 
@@ -250,10 +259,12 @@ def tool_issues(
         _checks.add(process)
     request = json.dumps([list(refs) for refs in tool_lists]).encode()
     try:
-        out, err = process.communicate(request, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        out, _ = _kill(process)
+        out, err = _exchange(process, request, timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.output or b""
         stopped = f"not resolved within {timeout:g}s (supervisor.spawn_timeout); a child could not start with it"
+        if not out.startswith(_STARTED):
+            stopped = f"not resolved: the check process did not start within {_START_SECONDS:g}s"
         return _issues_from(out, tool_lists, stopped)
     finally:
         with _checks_lock:
@@ -267,14 +278,55 @@ def tool_issues(
     return _issues_from(out, tool_lists, stopped, only_if_unreported=process.returncode == 0)
 
 
-def _kill(process: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
-    """Kill a timed-out check and its process group; what it wrote before (never wait long for it)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
+def _exchange(process: subprocess.Popen[bytes], request: bytes, timeout: float) -> tuple[bytes, bytes]:
+    """Send ``request``; the check's whole stdout and stderr once it exits.
+
+    ``timeout`` runs from the check's ``_STARTED`` line, not from its spawn: what it bounds is the
+    tools' imports. A machine under load may take a second to start an interpreter, and that is
+    no fault of the config (a child that starts slowly is retried; a config refused is not).
+    When time is up the check's process group is killed, and ``TimeoutExpired`` carries what its
+    stdout held as ``output``.
+    """
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    with contextlib.suppress(BrokenPipeError):
+        process.stdin.write(request)
+    with contextlib.suppress(BrokenPipeError):
+        process.stdin.close()
+    out_fd, err_fd = process.stdout.fileno(), process.stderr.fileno()
+    chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
+    deadline = time.monotonic() + _START_SECONDS
+    started = timed_out = False
     try:
-        return process.communicate(timeout=_AFTER_KILL_SECONDS)
-    except subprocess.TimeoutExpired:  # stuck in the kernel (a hung file system): leave it
-        return b"", b""
+        with selectors.DefaultSelector() as selector:
+            for fd in chunks:
+                selector.register(fd, selectors.EVENT_READ)
+            while selector.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if timed_out:  # stuck in the kernel (a hung file system) after the kill: leave it
+                        break
+                    timed_out, deadline = True, time.monotonic() + _AFTER_KILL_SECONDS
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    continue
+                for key, _ in selector.select(left):
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        selector.unregister(key.fd)
+                        continue
+                    chunks[key.fd].append(data)
+                    if not started and not timed_out and b"".join(chunks[out_fd]).startswith(_STARTED):
+                        started, deadline = True, time.monotonic() + timeout
+    finally:
+        process.stdout.close()
+        process.stderr.close()
+    out, err = b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
+    if timed_out:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=_AFTER_KILL_SECONDS)
+        raise subprocess.TimeoutExpired(process.args, timeout, output=out, stderr=err)
+    process.wait()
+    return out, err
 
 
 def _issues_from(
@@ -348,10 +400,14 @@ def main() -> int:
 
     Whatever a tool's import writes to stdout goes to stderr instead: stdout is the report.
     """
+    import agentd.tools  # noqa: F401  (agentd's own imports are start-up, not the tools' time)
+
     report_fd = os.dup(1)
     os.dup2(2, 1)
     tool_lists = json.loads(sys.stdin.buffer.read())
     with open(report_fd, "w", encoding="utf-8") as report:
+        report.write(_STARTED.decode())
+        report.flush()
 
         def line(i: int, k: int, error: str | None) -> None:
             report.write(json.dumps({"assistant": i, "tool": k, "error": error}) + "\n")

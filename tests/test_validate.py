@@ -91,6 +91,28 @@ def test_an_import_that_hangs_is_refused_within_spawn_timeout_naming_the_tool(tm
     )
 
 
+def test_spawn_timeout_times_the_tools_imports_not_a_slow_interpreter_start(tmp_path: Path) -> None:
+    """A loaded machine may take longer than ``spawn_timeout`` to start Python: that refuses no config
+    (a child that starts slowly is retried; a refused config stops the daemon). The slow start is
+    a ``sitecustomize`` that sleeps, which every interpreter on this PYTHONPATH runs before ``main``."""
+    write(tmp_path / "sitecustomize.py", "import time\ntime.sleep(1.5)\n")
+    write(tmp_path / "fasttools.py", "def quick() -> str:\n    return 'q'\n")
+    write(tmp_path / "hangtools.py", "import time\ntime.sleep(60)\ndef slow() -> str:\n    return 's'\n")
+    fast = write(
+        tmp_path / "fast.toml",
+        '[supervisor]\nspawn_timeout = "500ms"\n[[assistants]]\nname = "a"\ntools = ["fasttools:quick"]\n',
+    )
+    assert validate_config_file(fast, environ=environ(tmp_path))[1] == []
+    hung = write(
+        tmp_path / "hung.toml",
+        '[supervisor]\nspawn_timeout = "500ms"\n[[assistants]]\nname = "a"\ntools = ["hangtools:slow"]\n',
+    )
+    issues = validate_config_file(hung, environ=environ(tmp_path))[1]
+    assert [i.message for i in issues] == [
+        "tool 'hangtools:slow': not resolved within 0.5s (supervisor.spawn_timeout); a child could not start with it"
+    ]
+
+
 def test_an_import_that_ends_the_process_and_noise_on_stdout_are_handled(tmp_path: Path) -> None:
     write(tmp_path / "noisytools.py", "print('hello from an import')\ndef ok() -> str:\n    return 'ok'\n")
     write(tmp_path / "exittools.py", "import os\nos._exit(3)\n")
