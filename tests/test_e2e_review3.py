@@ -160,7 +160,7 @@ def test_a_turn_that_waited_for_approval_is_priced_for_every_model_call_it_made(
 
 
 def test_a_turn_cancelled_while_awaiting_approval_keeps_the_spend_of_its_parked_run(tmp_path: Path) -> None:
-    """``end_awaiting`` (agentd/supervisor/turns.py) ends the waiting turn through
+    """``end_awaiting`` (agentd/supervisor/turns/owner.py) ends the waiting turn through
     ``end_without_result`` with an empty record, dropping the parked run whose ``usage`` the store
     holds: the model call that asked for the tool is not counted anywhere — the turn, the session,
     ``GET /v1/usage`` and the metrics all say nothing was spent (RFC 0011 §6 lists only calls that

@@ -182,3 +182,32 @@ def test_the_owner_check_finds_a_foreign_assignment(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f(runtime, turn):\n    runtime.child = None\n    turn.runs += 1\n    self.state = 1\n")
     assert [w.rsplit(" ", 1)[1] for w in foreign_assignments(module)] == [".child", ".runs"]
+
+
+#: What starts, ends or commits a turn: only the turns package (``agentd.supervisor.turns``) calls
+#: these (the store defines its own), and only it makes a ``PendingTurn`` (RFC 0006 §12).
+TURN_LIFECYCLE_CALLS = {"begin_turn", "commit_turn", "abandon_turn", "end_without_result", "commit_done", "PendingTurn"}
+TURNS_PACKAGE = PACKAGE / "supervisor" / "turns"
+
+
+def turn_lifecycle_calls(path: Path) -> Iterator[str]:
+    """Calls that start, end or commit a turn, in ``path``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if name in TURN_LIFECYCLE_CALLS:
+            yield f"{path.name}:{node.lineno} {name}"
+
+
+def test_only_the_turns_package_starts_ends_or_commits_a_turn() -> None:
+    outside = sorted(
+        p for p in PACKAGE.rglob("*.py") if TURNS_PACKAGE not in p.parents and PACKAGE / "store" not in p.parents
+    )
+    assert [where for path in outside for where in turn_lifecycle_calls(path)] == []
+
+
+def test_the_turn_check_finds_a_turn_ended_elsewhere(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("async def f(runner, store, t):\n    await runner.end_without_result(t)\n    PendingTurn(id=1)\n")
+    assert sorted(w.rsplit(" ", 1)[1] for w in turn_lifecycle_calls(module)) == ["PendingTurn", "end_without_result"]

@@ -55,7 +55,7 @@ class Lost:
 
 @dataclass
 class Owner:
-    """The pool's owner (the turn runner's part), recording what the pool tells it."""
+    """The pool's owner (``ChildFrames`` in the daemon), recording what the pool tells it."""
 
     ready: list[str] = field(default_factory=list)
     lost: list[Lost] = field(default_factory=list)

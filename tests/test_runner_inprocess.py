@@ -1,6 +1,6 @@
-"""The turn runner over in-process children: a real store, the real child runtime, no processes.
+"""Turns over in-process children: a real store, the real child runtime, no processes.
 
-The runner drives turns on a pool whose launcher runs each child runtime as a task
+``Turns`` accepts turns and its runner drives them on a pool whose launcher runs each child runtime as a task
 (``InProcessLauncher``, RFC 0006 §12): delivery, the committed result, and a re-run on another child
 after a crash are exercised in well under a second. Outcomes are decided by events (a session's
 progress events, a turn's ``done``), never by sleeping.
@@ -25,11 +25,12 @@ from agentd.messages import AssistantMessage, UserMessage
 from agentd.obs import Metrics
 from agentd.store.sqlite import SqliteStore
 from agentd.supervisor.inprocess import InProcessChild, InProcessLauncher
+from agentd.supervisor.membership import LocalMembership
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.pool import Pool
-from agentd.supervisor.runner import TurnRunner
 from agentd.supervisor.running import Running
 from agentd.supervisor.session import PendingTurn, SessionRuntime, SessionTable
+from agentd.supervisor.turns import Turns
 
 pytestmark = pytest.mark.anyio
 
@@ -60,25 +61,21 @@ tools = []
 class Harness:
     running: Running
     store: SqliteStore
-    runner: TurnRunner
+    turns: Turns
     pool: Pool
     launcher: InProcessLauncher
     metrics: Metrics
     sessions: SessionTable
 
     async def turn(self, session_id: str, text: str, turn_id: str) -> tuple[SessionRuntime, PendingTurn]:
-        """Accept a turn as the supervisor does (stored first) and hand it to the runner."""
+        """Accept a turn as the API does (stored first, then driven)."""
         if session_id not in self.sessions:
             await self.store.create_session(
                 session_id, assistant="main", generation=1, model="m1", created_at=time.time()
             )
             self.sessions.add(SessionRuntime(session_id, "main", "idle", 1, "m1"))
         runtime = self.sessions[session_id]
-        message = UserMessage(content=text, turn=turn_id)
-        turn = PendingTurn(id=turn_id, message=message, started_at=time.time(), fresh=True)
-        runtime.pending, runtime.state = turn, "running"
-        await self.store.begin_turn(session_id, turn_id, message, turn.started_at)
-        self.runner.start(runtime, turn)
+        turn = await self.turns.accept(runtime, UserMessage(content=text, turn=turn_id))
         return runtime, turn
 
 
@@ -88,11 +85,13 @@ async def harness(tmp_path: Path, cfg: Config) -> AsyncIterator[Harness]:
     running = Running(DaemonOptions(), cfg, PolicyChoice(SwapPolicy.FINISH_ON_OLD, "default"))
     metrics = Metrics()
     sessions = SessionTable(running)
-    runner = TurnRunner(
+    turns = Turns(
         store=store,
-        metrics=metrics,
         running=running,
+        metrics=metrics,
         sessions=sessions,
+        membership=LocalMembership(store, running, sessions),
+        approvals=None,
         on_swap_acked=lambda _child, _generation: None,
         on_turn_finished=lambda: None,
     )
@@ -102,16 +101,16 @@ async def harness(tmp_path: Path, cfg: Config) -> AsyncIterator[Harness]:
                 settings=lambda: cfg.supervisor,
                 spawn=running.spawn_frame,
                 env=lambda: {},
-                owner=runner,
+                owner=turns.frames,
                 launcher=launcher,
             )
             async with anyio.create_task_group() as tg:
                 await tg.start(pool.run)
-                runner.attach(pool, tg)
+                turns.attach(pool, tg)
                 try:
-                    yield Harness(running, store, runner, pool, launcher, metrics, sessions)
+                    yield Harness(running, store, turns, pool, launcher, metrics, sessions)
                 finally:
-                    runner.stop()
+                    turns.stop()
                     with anyio.fail_after(WAIT):
                         await pool.stop(0)
                     tg.cancel_scope.cancel()

@@ -12,23 +12,22 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 
 from agentd import events
 from agentd.approvals import Approval, ApprovalStatus, Decision, ParkedRun, check_arguments, decided_status
-from agentd.budget import TurnStatus
 from agentd.config import SwapPolicy
 from agentd.errors import BadInput, Conflict, NotFound, store_failure
 from agentd.obs import Metrics, get_logger
 from agentd.protocol import TurnParked
-from agentd.store import AlreadyDecided, Lease, LeaseLost, ParkResult, Store, StoreError, UnknownApproval
+from agentd.store import AlreadyDecided, Lease, ParkResult, Store, StoreError, UnknownApproval
 from agentd.supervisor.running import Running
-from agentd.supervisor.session import PendingTurn, SessionRuntime, SessionTable
+from agentd.supervisor.session import SessionRuntime, SessionTable
 from agentd.views import ApprovalView, approval_view
 
-__all__ = ["EXPIRY_POLL", "WAITING", "Approvals", "Emit", "Resume", "decisions_of", "load_parked", "on_parked"]
+__all__ = ["EXPIRY_POLL", "WAITING", "Approvals", "Emit", "Resume", "decisions_of"]
 
 log = get_logger("supervisor")
 
@@ -38,7 +37,7 @@ EXPIRY_POLL = 5.0
 #: ``load``'s answer for a turn that still waits for a decision.
 WAITING = "waiting"
 
-#: Publish a session event (``TurnRunner.emit``).
+#: Publish a session event (``Turns.emit``).
 Emit = Callable[[SessionRuntime, str, str | None, dict[str, Any]], None]
 #: Resume a turn whose approvals are all decided: (session, turn).
 Resume = Callable[[str, str], Awaitable[None]]
@@ -289,101 +288,3 @@ class Approvals:
 def new_approval_id() -> str:
     """A new approval id (``ap_…``)."""
     return f"ap_{secrets.token_hex(6)}"
-
-
-# --------------------------------------------------------------------------- the runner's side
-
-
-class _Runner(Protocol):
-    """What the parking steps need of the turn runner (``agentd.supervisor.runner.TurnRunner``)."""
-
-    approvals: Approvals | None
-
-    async def end_without_result(
-        self,
-        runtime: SessionRuntime,
-        turn: PendingTurn,
-        status: TurnStatus,
-        error: str,
-        *,
-        answered: bool = False,
-        parked: ParkedRun | None = None,
-    ) -> None: ...
-
-    async def lease_lost(self, runtime: SessionRuntime, reason: str) -> None: ...
-
-    async def _release(self, runtime: SessionRuntime) -> None: ...
-
-    def _on_turn_finished(self) -> None: ...
-
-    def evict_if_cold(self, runtime: SessionRuntime) -> None: ...
-
-
-async def load_parked(runner: _Runner, runtime: SessionRuntime, turn: PendingTurn) -> bool:
-    """Before a turn that is not fresh runs: whether it runs now — from its start, or from its parked
-    run with the decisions (its deadline going on from what it had used) — or waits on (RFC 0012 §3)."""
-    if runner.approvals is None:
-        return True
-    try:
-        how = await runner.approvals.load(runtime.id, turn.id)
-    except StoreError as exc:
-        await runner.end_without_result(runtime, turn, TurnStatus.FAILED, f"cannot read its approvals: {exc}")
-        return False
-    if how == WAITING:
-        await await_decisions(runner, runtime, turn)
-        return False
-    if isinstance(how, tuple):
-        turn.resume_from(*how)
-    return True
-
-
-async def await_decisions(runner: _Runner, runtime: SessionRuntime, turn: PendingTurn) -> None:
-    """The turn waits for approvals: it gives up its lease and its child slot (the run settled), the
-    session is ``awaiting_approval`` and may unload; its waiter is answered with the approvals."""
-    if runtime.pending is not turn or turn.record is not None:
-        return
-    await runner._release(runtime)
-    runtime.turn_awaiting()
-    turn.waits_for(turn.awaiting or [])
-    turn.mark_done()
-    runner._on_turn_finished()
-    runner.evict_if_cold(runtime)
-
-
-async def on_parked(runner: _Runner, runtime: SessionRuntime, child: str, frame: TurnParked) -> None:
-    """A run stopped for approvals: they are stored first, then the turn waits, then they are announced."""
-    pending = runtime.pending
-    if (
-        pending is None
-        or pending.id != frame.turn
-        or pending.child is None
-        or pending.child.id != child
-        or runner.approvals is None
-    ):
-        log.warning(events.LOG_TURN_UNEXPECTED, session=runtime.id, turn=frame.turn, child=child)
-        return
-    if pending.cancel_requested:  # cancelled while its last step ran: it ends, nothing waits
-        await runner.end_without_result(
-            runtime, pending, TurnStatus.CANCELLED, "cancelled before it could wait", parked=frame.run
-        )
-        return
-    with anyio.CancelScope(shield=True):
-        try:
-            result = await runner.approvals.park(runtime, frame, runtime.lease)
-        except LeaseLost as exc:
-            await runner.lease_lost(runtime, str(exc))
-            return
-        except StoreError as exc:
-            runtime.log.error(events.LOG_APPROVAL_FAILED, what="store the approvals", turn=frame.turn, error=str(exc))
-            await runner.end_without_result(
-                runtime, pending, TurnStatus.FAILED, f"cannot store its approvals: {exc}", parked=frame.run
-            )
-            return
-        pending.waits_for(result.approvals)
-        # Announced (they are stored) while the turn still holds its lease: a subscriber on another
-        # replica hears of them through the relay, fenced like the turn's other events.
-        runner.approvals.announce(runtime, result)
-        await await_decisions(runner, runtime, pending)
-        if all(a.status is not ApprovalStatus.PENDING for a in result.approvals):
-            # Every call it waits on was decided already (while a swap's re-run ran): it goes on.
-            await runner.approvals.resume_now(frame.session, frame.turn)

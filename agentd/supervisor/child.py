@@ -63,7 +63,7 @@ log = get_logger("supervisor")
 
 
 class FrameSink(Protocol):
-    """Where a child's session frames go (the supervisor's turn runner)."""
+    """Where a child's session frames go (``agentd.supervisor.turns.frames.ChildFrames``)."""
 
     async def session_frame(self, child: Child, frame: Frame) -> None:
         """A frame about one session (Event, TurnDone, TurnDiscarded, SwapApplied, Failed with a session)."""

@@ -6,9 +6,9 @@ It never calls a model, and holds no state of its own but the parts:
 - the hot sessions (``agentd.supervisor.session.SessionTable``);
 - replica membership (``agentd.supervisor.membership``), chosen once by the store: local on
   SQLite, replicated (leases, heartbeat, failover, relay) on PostgreSQL;
-- the pool of children (``agentd.supervisor.pool``) and the turn runner
-  (``agentd.supervisor.runner``), which drives turns across them;
-- turns from acceptance to the runner (``agentd.supervisor.turns``);
+- the pool of children (``agentd.supervisor.pool``);
+- the turns, each from acceptance to commit across the pool's children, and what children send
+  about them (``agentd.supervisor.turns``);
 - reloads and their fan-out to the children (``agentd.supervisor.fanout``);
 - the API's operations (``agentd.supervisor.operations``), which the supervisor serves as its own
   methods (``agentd.api`` answers them over HTTP).
@@ -35,7 +35,6 @@ from agentd.supervisor.membership import choose_membership
 from agentd.supervisor.operations import Operations
 from agentd.supervisor.options import DaemonOptions
 from agentd.supervisor.pool import Pool
-from agentd.supervisor.runner import TurnRunner
 from agentd.supervisor.running import Running
 from agentd.supervisor.session import EventItem, SessionTable
 from agentd.supervisor.turns import Turns
@@ -69,46 +68,35 @@ class Supervisor:
         self.approvals = Approvals(
             store=store, running=self.running, sessions=self.sessions, metrics=self.running.metrics
         )
-        self.runner = TurnRunner(
+        self.turns = Turns(
             store=store,
-            metrics=self.running.metrics,
             running=self.running,
+            metrics=self.running.metrics,
             sessions=self.sessions,
+            membership=self.membership,
+            approvals=self.approvals,
             on_swap_acked=self._swap_acked,
             on_turn_finished=self._turn_finished,
-            replica=self.membership.replica,
-            relay=self.membership.relay,
-            watched_elsewhere=self.membership.watched_elsewhere,
-            approvals=self.approvals,
         )
         self.pool = Pool(
             settings=lambda: self.running.config.supervisor,
             spawn=self.running.spawn_frame,
             env=self.running.child_env,
-            owner=self.runner,
+            owner=self.turns.frames,
         )
         self.reloader = Reloader(
             running=self.running, store=store, sessions=self.sessions, pool=self.pool, replica=self.membership.name
-        )
-        self.turns = Turns(
-            store=store,
-            running=self.running,
-            sessions=self.sessions,
-            runner=self.runner,
-            pool=self.pool,
-            membership=self.membership,
         )
         self.operations = Operations(
             store=store,
             running=self.running,
             sessions=self.sessions,
             pool=self.pool,
-            runner=self.runner,
             membership=self.membership,
             turns=self.turns,
             approvals=self.approvals,
         )
-        self.approvals.attach(emit=self.runner.emit, resume=self._resume_parked)
+        self.approvals.attach(emit=self.turns.emit, resume=self._resume_parked)
         self.reloader.after_swap = self._swapped
         self.keys = Keys(store, self.membership, self.running)
         self._turn_ended = anyio.Event()
@@ -157,8 +145,7 @@ class Supervisor:
         of them on SQLite, the orphaned ones on a shared store (membership's failover scan).
         """
         await tg.start(self.pool.run)
-        self.runner.attach(self.pool, tg)
-        self.turns.attach(tg)
+        self.turns.attach(self.pool, tg)
         await self.membership.start(tg, self.turns)
         tg.start_soon(self.approvals.expire_forever)
 
@@ -174,7 +161,7 @@ class Supervisor:
 
     async def stop(self) -> None:
         """Stop every child (kill ladder, no grace: the drain is over) and close every subscription."""
-        self.runner.stop()
+        self.turns.stop()
         await self.pool.stop(grace=0)
         for runtime in list(self.sessions.values()):
             runtime.close_subscribers()

@@ -17,7 +17,6 @@ import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from agentd import __version__, events
-from agentd.budget import TurnStatus
 from agentd.config import ConfigIssue, effective_intelligence
 from agentd.errors import BadInput, Conflict, Draining, NotFound, ServiceError, StoreDown, store_failure
 from agentd.messages import Message, UserMessage
@@ -29,7 +28,6 @@ from agentd.supervisor.approvals import Approvals
 from agentd.supervisor.membership import Membership
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.replica import registry_max_age, replica_views
-from agentd.supervisor.runner import TurnRunner
 from agentd.supervisor.running import Running
 from agentd.supervisor.session import EventItem, SessionRuntime, SessionTable
 from agentd.supervisor.turns import Turns, new_id
@@ -76,7 +74,6 @@ class Operations:
         running: Running,
         sessions: SessionTable,
         pool: Pool,
-        runner: TurnRunner,
         membership: Membership,
         turns: Turns,
         approvals: Approvals,
@@ -86,7 +83,6 @@ class Operations:
         self.running = running
         self.sessions = sessions
         self.pool = pool
-        self.runner = runner
         self.membership = membership
         self.turns = turns
 
@@ -469,9 +465,7 @@ class Operations:
         runtime.closing_begins()
         await self.pool.unload(session_id)  # its child gets Close (which cancels a turn in flight there)
         if runtime.pending is not None:
-            await self.runner.end_without_result(
-                runtime, runtime.pending, TurnStatus.CANCELLED, "the session was closed"
-            )
+            await self.turns.end_closed(runtime, runtime.pending)
         elif await self._store(self.turns.end_awaiting(runtime, "the session was closed")) is not None:
             pass  # its turn waited for approvals: ended here, with them
         else:  # a turn another replica runs is cancelled there (the session stays closed)

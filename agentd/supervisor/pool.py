@@ -5,7 +5,7 @@ pool decides nothing itself — ``agentd.supervisor.placement`` does, over snaps
 — it carries the decisions out: starts children, promotes spares, places sessions, unloads idle
 ones and retires surplus children. When a child ends, the pool tells its ``PoolOwner`` which
 sessions were loaded there and which had a turn in flight; what happens to them (re-run, blame,
-quarantine) is the owner's business (``agentd.supervisor.runner``). See RFC 0006.
+quarantine) is the owner's business (``agentd.supervisor.turns``). See RFC 0006.
 
 The pool is the one owner of where sessions are: each child's ``loaded`` and ``in_flight`` sets
 are the pool's, edited only here (``acquire``, ``release``, ``unload``, ``turn_started``,

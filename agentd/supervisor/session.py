@@ -4,7 +4,7 @@ A session is rows in the store; ``SessionRuntime`` is the few hundred bytes the 
 while the session is *hot* (loaded on a child, running a turn, or watched by a subscriber): its
 assistant, state, generation and model, the turn in flight, where it is loaded, its recent
 crashes, and its event subscribers. It holds no transcript (the store has it) and no reference to
-the supervisor; the turn runner (``agentd.supervisor.runner``) acts on it. ``SessionTable`` is
+the supervisor; the turns (``agentd.supervisor.turns``) act on it, through its methods. ``SessionTable`` is
 the one set of hot sessions: only its methods add a session to it or drop one.
 """
 

@@ -1,21 +1,19 @@
 """The turn runner: every accepted turn from delivery to commit, across children that come and go.
 
-A turn is accepted by the supervisor (its input stored), then driven here: the pool gives the
-session a child (loading it there from the committed transcript if it was not), the child gets
-``Input``, and the turn ends when its ``TurnDone`` is committed — or without a result (deadline,
-cancel, close, failure), which is recorded as such. A child that dies takes its in-flight turns
-with it; each re-runs on another child from the committed transcript, unless the blame rules or
-the deadline say otherwise (``agentd.supervisor.blame``). The runner is also the pool's owner:
-frames from children come here, routed by session id. See RFC 0006.
-
-It also keeps the tool journal (RFC 0008 §5): a child's ``JournalStart``/``JournalFinish`` is
-written to the store and acknowledged, and every run of a turn is sent what earlier runs journaled.
+A turn accepted by ``agentd.supervisor.turns.owner`` (its input stored) is driven here: the pool
+gives the session a child (loading it there from the committed transcript if it was not), the
+child gets ``Input``, and the turn ends when its ``TurnDone`` is committed (``commit_done``) — or
+without a result (deadline, cancel, close, failure, ``end_without_result``), which is recorded as
+such. A child that dies takes its in-flight turns with it; each re-runs on another child from the
+committed transcript, unless the blame rules or the deadline say otherwise
+(``agentd.supervisor.blame``). Every run of a turn is sent what earlier runs journaled (RFC 0008
+§5). See RFC 0006.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -27,32 +25,17 @@ from agentd.approvals import ParkedRun, with_parked_spend
 from agentd.budget import TurnStatus
 from agentd.messages import UserMessage
 from agentd.obs import Metrics, get_logger
-from agentd.protocol import (
-    Cancel,
-    Event,
-    Failed,
-    Frame,
-    Input,
-    JournalAck,
-    JournalFinish,
-    JournalStart,
-    Open,
-    ProtocolError,
-    SwapApplied,
-    SwapsApplied,
-    TurnDiscarded,
-    TurnDone,
-    TurnParked,
-)
+from agentd.protocol import Cancel, Input, Open, ProtocolError, TurnDone
 from agentd.records import JournalEntry, TurnRecord
 from agentd.store import EVENTS, TURNS, CommittedTurn, LeaseLost, Store, StoreError, StoreUnavailable
-from agentd.supervisor.approvals import Approvals, load_parked, on_parked
+from agentd.supervisor.approvals import Approvals
 from agentd.supervisor.blame import CrashVerdict, blame, rerun_allowed
 from agentd.supervisor.child import Child
 from agentd.supervisor.pool import Pool
 from agentd.supervisor.relay import EventRelay, relay_fence
 from agentd.supervisor.running import Running
 from agentd.supervisor.session import PendingTurn, SessionRuntime, SessionTable
+from agentd.supervisor.turns.parking import load_parked
 from agentd.usage import price_record
 from agentd.views import entry_from_message
 
@@ -72,7 +55,7 @@ RELAY_FLUSH_BOUND = 2.0
 
 
 class TurnRunner:
-    """Drives turns on the pool and handles what children send about their sessions."""
+    """Drives turns on the pool, from delivery to their commit or their end without a result."""
 
     def __init__(
         self,
@@ -81,7 +64,6 @@ class TurnRunner:
         metrics: Metrics,
         running: Running,
         sessions: SessionTable,
-        on_swap_acked: Callable[[Child, int], None],
         on_turn_finished: Callable[[], None],
         replica: str = "",
         relay: EventRelay | None = None,
@@ -99,7 +81,6 @@ class TurnRunner:
         self.running = running
         self.sessions = sessions  # the hot sessions, by id
         self.pool: Pool | None = None
-        self._on_swap_acked = on_swap_acked
         self._on_turn_finished = on_turn_finished
         self._tg: anyio.abc.TaskGroup | None = None
         self._stopped = anyio.Event()
@@ -116,6 +97,15 @@ class TurnRunner:
     def attach(self, pool: Pool, tg: anyio.abc.TaskGroup) -> None:
         """Start serving: turns are driven as tasks of ``tg``, on ``pool``."""
         self.pool, self._tg = pool, tg
+
+    def spawn(self, task: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+        """Run ``task(*args)`` in the background, in the runner's task group (a commit, a journal write)."""
+        assert self._tg is not None, "the runner is not attached"
+        self._tg.start_soon(task, *args)
+
+    def turn_finished(self) -> None:
+        """A turn this replica ran is no longer in flight here (ended, parked, or taken over)."""
+        self._on_turn_finished()
 
     # ------------------------------------------------------------------ driving a turn
 
@@ -253,37 +243,6 @@ class TurnRunner:
             await self.end_without_result(runtime, turn, TurnStatus.FAILED, f"cannot read the tool journal: {exc}")
             return None
 
-    async def _on_journal(self, runtime: SessionRuntime, child: Child, frame: JournalStart | JournalFinish) -> None:
-        """Write a journal frame and ack it. The ack is what lets the child run (or go on past) the call."""
-        finished = isinstance(frame, JournalFinish)
-        entry = frame.entry
-        pending = runtime.pending
-        error: str | None = None
-        if pending is None or pending.id != frame.turn or pending.child is not child:
-            error = f"turn {frame.turn} is not running on this child"
-        else:
-            try:
-                if finished:
-                    await self.store.journal_finish(
-                        runtime.id,
-                        frame.turn,
-                        entry.seq,
-                        content=entry.content,
-                        is_error=entry.is_error,
-                        lease=runtime.lease,
-                    )
-                else:
-                    await self.store.journal_start(runtime.id, frame.turn, entry, lease=runtime.lease)
-            except LeaseLost as exc:
-                error = str(exc)
-                assert self._tg is not None
-                self._tg.start_soon(self.lease_lost, runtime, str(exc))
-            except StoreError as exc:
-                error = str(exc)
-        if error is not None:
-            runtime.log.error(events.LOG_TOOL_JOURNAL_REFUSED, turn=frame.turn, seq=entry.seq, error=error)
-        await child.send(JournalAck(session=runtime.id, turn=frame.turn, seq=entry.seq, finished=finished, error=error))
-
     async def _open(self, runtime: SessionRuntime, child: Child, turn: PendingTurn) -> bool:
         """Load the session on ``child`` from its committed transcript (the turn's own input left out)."""
         transcript = await self.store.transcript(runtime.id, exclude_turn=turn.id)
@@ -394,7 +353,7 @@ class TurnRunner:
             turn.cut_off(LEASE_LOST_CUT, "lease_lost")
             if child is not None and child.usable:
                 await child.send(Cancel(session=runtime.id, turn=turn.id))
-            self._on_turn_finished()
+            self.turn_finished()
         if lease is not None:  # refused when truly lost; were it still ours, the turn is left to a scan
             with anyio.CancelScope(shield=True):
                 try:
@@ -406,7 +365,7 @@ class TurnRunner:
             await self.pool.unload(runtime.id)
         self.evict_if_cold(runtime)
 
-    async def _release(self, runtime: SessionRuntime) -> None:
+    async def release_lease(self, runtime: SessionRuntime) -> None:
         """Give the session's lease up once its turn ended, so any replica can run its next turn."""
         lease = runtime.give_up_lease()
         if lease is None:
@@ -424,7 +383,7 @@ class TurnRunner:
         relay = self.relay if runtime.lease is not None else None
         if relay is not None:
             relay.send(TURNS, f"{runtime.id} {record.id} {self.replica}")
-        await self._release(runtime)  # before the answer: the next message may go to any replica
+        await self.release_lease(runtime)  # before the answer: the next message may go to any replica
         if relay is not None and self.watched_elsewhere(runtime.id):
             # A remote subscriber hears of this turn's end before the client can start the next
             # turn on yet another replica, so its stream stays in order across turns.
@@ -444,7 +403,7 @@ class TurnRunner:
         if runtime.watched:
             runtime.publish_turn_done(record, turn.entries)
         turn.mark_done()
-        self._on_turn_finished()
+        self.turn_finished()
         self.evict_if_cold(runtime)
 
     def emit(self, runtime: SessionRuntime, name: str, turn: str | None, data: dict[str, Any]) -> None:
@@ -459,85 +418,8 @@ class TurnRunner:
             else:
                 self.relay.fence_stale()
 
-    # ------------------------------------------------------------------ frames from children
-
-    async def session_frame(self, child: Child, frame: Frame) -> None:
-        """A frame about one session, from ``child``."""
-        session_id = getattr(frame, "session", None)
-        runtime = self.sessions.get(session_id) if isinstance(session_id, str) else None
-        if runtime is None:
-            log.debug(
-                events.LOG_CHILD_FRAME_FOR_UNKNOWN_SESSION,
-                child=child.id,
-                session=session_id,
-                frame=type(frame).__name__,
-            )
-            return
-        match frame:
-            case Event(name=name, turn=turn, data=data):
-                if name in (events.DELTA, events.STEP_RESET):
-                    self.metrics.delta_frames.labels(event=name).inc()
-                if name in (events.INTEL_WAITING, events.INTEL_RECOVERED):
-                    runtime.waiting_for_intel(name == events.INTEL_WAITING)
-                if not runtime.held(name, turn, data):  # after a TurnDone being committed: keep the order
-                    self.emit(runtime, name, turn, data)
-            case TurnDone() | TurnParked():
-                assert self._tg is not None
-                # Committed in a task of its own: this child's other sessions keep streaming meanwhile;
-                # this session's later events wait in its backlog, so turn.done comes first.
-                runtime.hold_events()
-                self._tg.start_soon(self._on_turn_done_in_order, runtime, child, frame)
-            case TurnDiscarded(turn=turn, attempt=attempt):
-                runtime.log.info(events.LOG_TURN_DISCARDED, turn=turn, model=attempt.model, steps=attempt.steps)
-                if runtime.pending is not None and runtime.pending.id == turn:
-                    runtime.pending.restarted_on_child()
-            case JournalStart() | JournalFinish():
-                assert self._tg is not None
-                # Written in a task of its own (the child's other frames keep flowing), counted on the
-                # turn so that a re-run reads the journal only after the write has landed.
-                pending = runtime.pending
-                if pending is not None:
-                    pending.journal_write_begins()
-                self._tg.start_soon(self._journal_counted, runtime, child, frame, pending)
-            case SwapApplied():
-                # Kept in memory only: a reload must not cost a store write per loaded session. The
-                # row catches up when the session is next loaded or its turn commits, and a session
-                # read from its row runs the current generation anyway (RFC 0006 §7).
-                runtime.swapped(frame.generation, frame.model_to)
-                self.metrics.swaps.labels(kind=frame.kind.value).inc()
-            case Failed(turn=turn, error=error):
-                runtime.log.error(events.LOG_CHILD_FAILED, child=child.id, turn=turn, error=error)
-                if turn is None and runtime.child is child:  # it refused to open the session: not loaded there
-                    runtime.unloaded()
-                    if self.pool is not None:
-                        self.pool.release(runtime.id, child)
-                pending = runtime.pending
-                if pending is not None and (turn is None or pending.id == turn) and pending.child is child:
-                    await self.end_without_result(runtime, pending, TurnStatus.FAILED, error)
-            case _:
-                raise ProtocolError(f"unexpected frame {type(frame).__name__!r} from child")
-
-    async def _journal_counted(
-        self, runtime: SessionRuntime, child: Child, frame: JournalStart | JournalFinish, pending: PendingTurn | None
-    ) -> None:
-        try:
-            with anyio.CancelScope(shield=True):  # an acked write must land whatever else happens
-                await self._on_journal(runtime, child, frame)
-        finally:
-            if pending is not None:
-                pending.journal_landed()
-
-    async def _on_turn_done_in_order(self, runtime: SessionRuntime, child: Child, done: TurnDone | TurnParked) -> None:
-        try:
-            if isinstance(done, TurnParked):
-                await on_parked(self, runtime, child.id, done)
-            else:
-                await self._on_turn_done(runtime, child, done)
-        finally:
-            for name, turn, data in runtime.release_events():
-                self.emit(runtime, name, turn, data)
-
-    async def _on_turn_done(self, runtime: SessionRuntime, child: Child, done: TurnDone) -> None:
+    async def commit_done(self, runtime: SessionRuntime, child: Child, done: TurnDone) -> None:
+        """Commit what ``child`` sent as the turn's end, and end the turn with it."""
         pending = runtime.pending
         if pending is None or pending.id != done.record.id or done.session != runtime.id:
             runtime.log.warning(events.LOG_TURN_UNEXPECTED, turn=done.record.id, child=child.id)
@@ -619,70 +501,6 @@ class TurnRunner:
                     answered=retried,
                 )
                 return None
-
-    # ------------------------------------------------------------------ the pool's owner
-
-    async def child_ready(self, child: Child) -> None:
-        """A child that started while a reload landed gets the newest generation at once."""
-        if self.running.generation > child.generation:
-            await child.send(self.running.swap_frame())
-
-    async def child_lost(self, child: Child, loaded: set[str], in_flight: set[str], *, crashed: bool) -> None:
-        """``child`` ended: its sessions are no longer loaded; its in-flight turns re-run elsewhere."""
-        if crashed:
-            self.metrics.child_crashes.inc()
-        for session_id in loaded | in_flight:
-            runtime = self.sessions.get(session_id)
-            if runtime is None:
-                continue
-            runtime.unloaded(child)
-            pending = runtime.pending
-            if pending is not None and pending.child is child:
-                pending.mark_lost(crashed=crashed)
-            self.evict_if_cold(runtime)
-
-    def swap_acked(self, child: Child, generation: int) -> None:
-        """A child acknowledged a SwapIntel: its idle sessions run that generation from now on."""
-        self._on_swap_acked(child, generation)
-        for session_id in child.loaded:
-            runtime = self.sessions.get(session_id)
-            if runtime is not None and runtime.pending is None:
-                runtime.took_generation(generation)
-
-    def swaps_applied(self, child: Child, frame: SwapsApplied) -> None:
-        """A child's idle sessions took a swap at once: in memory only, like ``SwapApplied``; the
-        ``swap.applied`` event of a watched one is published here (the child sends none for them)."""
-        for swap in frame.applied:
-            self.metrics.swaps.labels(kind=swap.kind.value).inc(len(swap.sessions))
-            data = {
-                "generation": frame.generation,
-                "kind": swap.kind.value,
-                "model_from": swap.model_from,
-                "model_to": swap.model_to,
-                "policy": frame.policy.value,
-            }
-            for session_id in swap.sessions:
-                runtime = self.sessions.get(session_id)
-                if runtime is None:
-                    continue
-                runtime.took_generation(frame.generation, swap.model_to)
-                self.emit(runtime, events.SWAP_APPLIED, None, dict(data))
-
-    def idle_since(self, session_id: str) -> float | None:
-        """When the session's last turn ended (monotonic), or None while one is in flight."""
-        runtime = self.sessions.get(session_id)
-        if runtime is None:
-            return 0.0  # not hot any more: unload it
-        return None if runtime.pending is not None else runtime.idle_since
-
-    def session_unloaded(self, session_id: str) -> None:
-        """The pool unloaded an idle session: it costs nothing until its next message."""
-        self.metrics.session_unloads.inc()
-        runtime = self.sessions.get(session_id)
-        log.info(events.LOG_SESSION_UNLOADED, session=session_id)
-        if runtime is not None:
-            runtime.unloaded()
-            self.evict_if_cold(runtime)
 
     # ------------------------------------------------------------------ helpers
 

@@ -1,18 +1,23 @@
-"""Turns from acceptance to the runner, and what is done to a hot session outside a child.
+"""``Turns``: the one owner of every turn, from acceptance to commit, and of what is done to a hot
+session outside a child.
 
 A turn is accepted here (``accept``: reserved on its session, its input stored, the session's
-lease claimed when replicas share the store) and handed to the turn runner
-(``agentd.supervisor.runner``), which drives it to its commit. Turns a restart interrupted, or
-that the failover scan adopted, are registered here again (``resume``). Cancelling a turn,
-closing a session another replica closed, unloading a copy that may be stale: here too. What a
+lease claimed when replicas share the store) and driven by this owner's turn runner
+(``agentd.supervisor.turns.runner``) to its commit; what children send about it comes through
+this owner's ``frames`` (``agentd.supervisor.turns.frames``, the pool's owner). Turns a restart
+interrupted, or that the failover scan adopted, are registered here again (``resume``), and so
+are turns that waited for approvals (``resume_parked``, ``agentd.supervisor.turns.parking``).
+Cancelling a turn, closing a session, unloading a copy that may be stale: here too. What a
 waiting client is answered with once the turn ended (or did not) is ``result``/``wait_elsewhere``.
+Nothing outside this package starts, ends or commits a turn.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -23,16 +28,18 @@ from agentd.approvals import ApprovalStatus
 from agentd.budget import TurnStatus
 from agentd.errors import NotEnded, StoreDown, StoreFull, TurnRefused, store_failure
 from agentd.messages import UserMessage
-from agentd.obs import get_logger
+from agentd.obs import Metrics, get_logger
 from agentd.protocol import Cancel, Watch
 from agentd.records import StartedTurn, TurnRecord
 from agentd.store import Store, StoredSession, StoreError, StoreUnavailable
+from agentd.supervisor.approvals import Approvals
 from agentd.supervisor.child import Child
 from agentd.supervisor.membership import Membership
 from agentd.supervisor.pool import Pool
-from agentd.supervisor.runner import TurnRunner
 from agentd.supervisor.running import Running
 from agentd.supervisor.session import PendingTurn, SessionRuntime, SessionTable, added_entries
+from agentd.supervisor.turns.frames import ChildFrames
+from agentd.supervisor.turns.runner import TurnRunner
 from agentd.views import Entry, MessageResult, approval_view, turn_view
 
 __all__ = ["ELSEWHERE_POLL", "RESUME_CONCURRENCY", "Turns", "new_id"]
@@ -51,30 +58,58 @@ def new_id(prefix: str) -> str:
 
 
 class Turns:
-    """Accepts turns, resumes interrupted ones, and cancels, closes and unloads hot sessions."""
+    """Accepts turns and drives them to their end; resumes interrupted ones; cancels, closes and
+    unloads hot sessions. ``frames`` is the pool's owner: what children send comes in there."""
 
     def __init__(
         self,
         *,
         store: Store,
         running: Running,
+        metrics: Metrics,
         sessions: SessionTable,
-        runner: TurnRunner,
-        pool: Pool,
         membership: Membership,
+        approvals: Approvals | None,
+        on_swap_acked: Callable[[Child, int], None],
+        on_turn_finished: Callable[[], None],
     ) -> None:
         self.store = store
         self.running = running
         self.sessions = sessions
-        self.runner = runner
-        self.pool = pool
         self.membership = membership
+        self.runner = TurnRunner(
+            store=store,
+            metrics=metrics,
+            running=running,
+            sessions=sessions,
+            on_turn_finished=on_turn_finished,
+            replica=membership.replica,
+            relay=membership.relay,
+            watched_elsewhere=membership.watched_elsewhere,
+            approvals=approvals,
+        )
+        self.frames = ChildFrames(self.runner, on_swap_acked=on_swap_acked)
         self.lease_time = running.config.store.lease  # restart-only, like the store itself
+        self._pool: Pool | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
-    def attach(self, tg: anyio.abc.TaskGroup) -> None:
-        """Start serving: background work runs in ``tg``."""
-        self._tg = tg
+    def attach(self, pool: Pool, tg: anyio.abc.TaskGroup) -> None:
+        """Start serving: turns run on ``pool``; they and other background work run in ``tg``."""
+        self._pool, self._tg = pool, tg
+        self.runner.attach(pool, tg)
+
+    def stop(self) -> None:
+        """The daemon stops: commits are no longer retried (their turns re-run at the next start)."""
+        self.runner.stop()
+
+    @property
+    def pool(self) -> Pool:
+        assert self._pool is not None, "turns are not attached"
+        return self._pool
+
+    def emit(self, runtime: SessionRuntime, name: str, turn: str | None, data: dict[str, Any]) -> None:
+        """Publish a session event here and, when another replica watches the session, there."""
+        self.runner.emit(runtime, name, turn, data)
 
     # ------------------------------------------------------------------ acceptance
 
@@ -318,6 +353,10 @@ class Turns:
         else:  # not on a child yet (waiting for one, or being loaded): it ends now and never starts
             await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, "cancelled before it started")
         return turn.id
+
+    async def end_closed(self, runtime: SessionRuntime, turn: PendingTurn) -> None:
+        """The session is closed here while ``turn`` runs: it ends ``cancelled`` (its child got Close)."""
+        await self.runner.end_without_result(runtime, turn, TurnStatus.CANCELLED, "the session was closed")
 
     def stop_streaming(self, runtime: SessionRuntime) -> None:
         """The session's last subscriber here left: its child stops streaming the turn in flight
