@@ -337,7 +337,7 @@ class ChildRuntime:
             await self.send(done)
             await session.apply_parked(turn=None)  # idle now: its boundary is now
         except Exception as exc:  # a loop bug must not take the other sessions down
-            log.exception(events.LOG_TURN_CRASHED, session=session.id, turn=frame.turn)
+            session.log.exception(events.LOG_TURN_CRASHED, turn=frame.turn)
             await self.send(Failed(session=session.id, turn=frame.turn, error=f"{type(exc).__name__}: {exc}"))
         finally:
             if not any(s.running for s in self.sessions.values()):

@@ -64,6 +64,7 @@ class ChildSession:
         if assistant not in intelligence:
             raise KeyError(assistant)
         self.id = session_id
+        self.log = get_logger("child", session=session_id)  # its lines name the session
         self.config = config  # assistants' prompts, tools and transfers of the generation it runs
         self.assistant = assistant
         self.transcript = transcript
@@ -122,9 +123,8 @@ class ChildSession:
             return False  # another assistant changed: adopted at the boundary, no swap for this session
         # Debug per session; the runtime logs one line for all its running sessions (a reload with
         # many turns in flight must not cost a log line each on its way to being acknowledged).
-        log.debug(
+        self.log.debug(
             events.LOG_SWAP_PARKED,
-            session=self.id,
             turn=self.turn_id,
             generation=frame.generation,
             model_from=self.current_intelligence.model,
@@ -195,9 +195,8 @@ class ChildSession:
         await self.ready_provider()
         if reported:
             return kind
-        log.info(
+        self.log.info(
             events.LOG_SWAP_APPLIED,
-            session=self.id,
             turn=turn,
             generation=frame.generation,
             kind=kind.value,

@@ -320,9 +320,8 @@ class _Attempt:
         try:
             return await self.session.provider.complete(request)
         except IntelError as exc:
-            log.warning(
+            self.session.log.warning(
                 events.LOG_INTEL_ERROR,
-                session=self.session.id,
                 turn=self.turn,
                 kind=exc.kind.value,
                 error=str(exc),
@@ -384,9 +383,8 @@ class _Attempt:
         self._set_transcript(history)
         if session.current_intelligence != previous:
             await session.replace_provider()
-        log.info(
+        session.log.info(
             events.LOG_TRANSFER,
-            session=session.id,
             turn=self.turn,
             **{"from": source},
             to=target,
@@ -446,7 +444,7 @@ class _Attempt:
         else:
             outcome, how = await self.ledger.run(call, tool)
             if how is not None:
-                log.info(events.LOG_TOOL_REPLAYED, session=self.session.id, turn=self.turn, tool=call.name, how=how)
+                self.session.log.info(events.LOG_TOOL_REPLAYED, turn=self.turn, tool=call.name, how=how)
         return outcome, how
 
     async def _record(self, call: ToolCall, outcome: ToolOutcome, how: str | None) -> None:
@@ -584,7 +582,7 @@ async def run_turn(
                         discarded.append(await _discard(session, thrown_away))
         if parked is not None and not scope.cancelled_caught:
             # The turn has not ended: the session's transcript stays as it was before it.
-            log.debug(events.LOG_TURN_PARKED, session=session.id, turn=turn, calls=len(parked.requests))
+            session.log.debug(events.LOG_TURN_PARKED, turn=turn, calls=len(parked.requests))
             return parked
         if scope.cancelled_caught:
             status = TurnStatus.CANCELLED
@@ -609,9 +607,8 @@ async def run_turn(
             ),
         )
         # Debug only: the supervisor logs turn.done once the turn is committed, one line per turn.
-        log.debug(
+        session.log.debug(
             events.LOG_TURN_DONE,
-            session=session.id,
             turn=turn,
             status=status.value,
             steps=attempt.steps,
@@ -638,12 +635,11 @@ async def _discard(session: ChildSession, attempt: _Attempt) -> Discarded:
         model=model_from, steps=attempt.steps, reason="restart-turn: model swapped", usage=attempt.usage
     )
     await session.send(TurnDiscarded(session=session.id, turn=attempt.turn, attempt=discarded))
-    log.info(events.LOG_TURN_DISCARDED, session=session.id, turn=attempt.turn, model=model_from, steps=attempt.steps)
+    session.log.info(events.LOG_TURN_DISCARDED, turn=attempt.turn, model=model_from, steps=attempt.steps)
     await session.apply_parked(attempt.turn)
     model_to = session.current_intelligence.model
-    log.info(
+    session.log.info(
         events.LOG_TURN_RESTARTED,
-        session=session.id,
         turn=attempt.turn,
         model_from=model_from,
         model_to=model_to,

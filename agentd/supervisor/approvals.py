@@ -89,9 +89,8 @@ class Approvals:
         )
         for approval in result.approvals:
             if approval.id in result.new:
-                log.info(
+                runtime.log.info(
                     events.LOG_APPROVAL_REQUESTED,
-                    session=runtime.id,
                     turn=frame.turn,
                     approval=approval.id,
                     tool=approval.tool,

@@ -216,7 +216,9 @@ class ChildFrames:
         """The pool unloaded an idle session: it costs nothing until its next message."""
         self.metrics.session_unloads.inc()
         runtime = self.sessions.get(session_id)
-        log.info(events.LOG_SESSION_UNLOADED, session=session_id)
-        if runtime is not None:
-            runtime.unloaded()
-            self.sessions.evict_if_cold(runtime)
+        if runtime is None:
+            log.info(events.LOG_SESSION_UNLOADED, session=session_id)
+            return
+        runtime.log.info(events.LOG_SESSION_UNLOADED)
+        runtime.unloaded()
+        self.sessions.evict_if_cold(runtime)

@@ -93,7 +93,7 @@ async def on_parked(runner: _Runner, runtime: SessionRuntime, child: str, frame:
         or pending.child.id != child
         or runner.approvals is None
     ):
-        log.warning(events.LOG_TURN_UNEXPECTED, session=runtime.id, turn=frame.turn, child=child)
+        runtime.log.warning(events.LOG_TURN_UNEXPECTED, turn=frame.turn, child=child)
         return
     if pending.cancel_requested:  # cancelled while its last step ran: it ends, nothing waits
         await runner.end_without_result(

@@ -264,7 +264,7 @@ class TurnRunner:
             runtime.swapped(generation, model)
             await self._store_quietly(
                 self.store.update_session(runtime.id, generation=generation, model=model, lease=runtime.lease),
-                runtime.id,
+                runtime,
             )
         return True
 
@@ -329,7 +329,7 @@ class TurnRunner:
         self.emit(runtime, events.SESSION_FAILED, runtime.pending.id if runtime.pending else None, {"error": error})
         if runtime.pending is not None:
             await self.end_without_result(runtime, runtime.pending, TurnStatus.FAILED, error)
-        await self._store_quietly(self.store.update_session(runtime.id, state="failed"), runtime.id)
+        await self._store_quietly(self.store.update_session(runtime.id, state="failed"), runtime)
 
     async def lease_lost(self, runtime: SessionRuntime, reason: str) -> None:
         """Another replica took the session over: stop acting for it, writing nothing (RFC 0009 §7).
@@ -508,10 +508,10 @@ class TurnRunner:
         """Forget a runtime that is no longer loaded, running or watched (the store has the session)."""
         self.sessions.evict_if_cold(runtime)
 
-    async def _store_quietly(self, call: Awaitable[None], session_id: str) -> None:
+    async def _store_quietly(self, call: Awaitable[None], runtime: SessionRuntime) -> None:
         """Await a store update whose failure must not end the caller (it is logged)."""
         with anyio.CancelScope(shield=True):
             try:
                 await call
             except StoreError as exc:
-                log.error(events.LOG_SESSION_STORE_FAILED, session=session_id, error=str(exc))
+                runtime.log.error(events.LOG_SESSION_STORE_FAILED, error=str(exc))
