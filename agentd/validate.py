@@ -11,7 +11,9 @@ It checks, in order, and reports every issue found with its path:
    keeps the working directory off ``sys.path`` as it is for a child (RFC 0006 §9) — and within
    ``supervisor.spawn_timeout``: a tool a child cannot import by then can never start a child.
    That time runs once the check process has started: an interpreter slow to start on a loaded
-   machine is retried for a child, but would refuse a config for good.
+   machine is retried for a child, but would refuse a config for good. (So a config can pass
+   whose children then miss ``spawn_timeout`` on a slow machine: they are retried, and
+   ``/v1/ready`` names the cause.)
    Importing them in the daemon itself would run a tool's import-time code in the supervisor,
    let an import that hangs hold a reload forever, and find modules cached by an earlier
    import instead of the files as they are now. Built-in tools import nothing and are resolved
@@ -30,6 +32,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
@@ -63,8 +66,9 @@ _AFTER_KILL_SECONDS = 2.0
 #: How long a check process may take to start (an interpreter, on a loaded machine) before its
 #: tools' imports are timed against ``spawn_timeout``.
 _START_SECONDS = 30.0
-#: The check's first line on stdout: it has started and reads the refs; the imports begin.
-_STARTED = b"started\n"
+#: The check's line on stdout once it has started and read the refs: the imports begin (JSON that is
+#: no report line, so ``_issues_from`` passes over it).
+_STARTED = b'{"started": true}\n'
 #: The environment variable the daemon never passes to children (nor to the tool check).
 _TOKEN_ENV = "AGENTD_API_TOKEN"
 
@@ -245,27 +249,30 @@ def tool_issues(
     env = dict(os.environ if environ is None else environ)
     env.pop(_TOKEN_ENV, None)
     aborted = "not resolved: the daemon is shutting down"
-    with _checks_lock:
-        if _aborted:
-            return _issues_from(b"", tool_lists, aborted)
-        process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "agentd.validate"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # its own process group: a timeout kills whatever a tool's import started
-        )
-        _checks.add(process)
-    request = json.dumps([list(refs) for refs in tool_lists]).encode()
+    # The refs go in a file, not a pipe: writing them can never block on a check that does not read.
+    with tempfile.TemporaryFile() as request:
+        request.write(json.dumps([list(refs) for refs in tool_lists]).encode())
+        request.seek(0)
+        with _checks_lock:
+            if _aborted:
+                return _issues_from(b"", tool_lists, aborted)
+            process = subprocess.Popen(
+                [sys.executable, "-P", "-m", "agentd.validate"],
+                stdin=request,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # its own process group: a timeout kills whatever a tool's import started
+            )
+            _checks.add(process)
+    start_window = max(_START_SECONDS, timeout)
     try:
-        out, err = _exchange(process, request, timeout)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.output or b""
+        out, err = _exchange(process, timeout, start_window)
+    except _CheckStopped as stop:
         stopped = f"not resolved within {timeout:g}s (supervisor.spawn_timeout); a child could not start with it"
-        if not out.startswith(_STARTED):
-            stopped = f"not resolved: the check process did not start within {_START_SECONDS:g}s"
-        return _issues_from(out, tool_lists, stopped)
+        if not stop.started:
+            stopped = f"not resolved: the check process did not start within {start_window:g}s"
+        return _issues_from(stop.out, tool_lists, stopped)
     finally:
         with _checks_lock:
             _checks.discard(process)
@@ -278,55 +285,72 @@ def tool_issues(
     return _issues_from(out, tool_lists, stopped, only_if_unreported=process.returncode == 0)
 
 
-def _exchange(process: subprocess.Popen[bytes], request: bytes, timeout: float) -> tuple[bytes, bytes]:
-    """Send ``request``; the check's whole stdout and stderr once it exits.
+class _CheckStopped(Exception):
+    """A check killed for its time: what its stdout held, and whether it had started its imports."""
+
+    def __init__(self, out: bytes, *, started: bool) -> None:
+        super().__init__("the check was stopped")
+        self.out, self.started = out, started
+
+
+def _has_started(out: bytes) -> bool:
+    """Whether the check's ``_STARTED`` line is in ``out`` (a ``sitecustomize`` may print before it)."""
+    return (b"\n" + out).find(b"\n" + _STARTED) >= 0
+
+
+def _exchange(process: subprocess.Popen[bytes], timeout: float, start_window: float) -> tuple[bytes, bytes]:
+    """The check's whole stdout and stderr, once it has exited.
 
     ``timeout`` runs from the check's ``_STARTED`` line, not from its spawn: what it bounds is the
     tools' imports. A machine under load may take a second to start an interpreter, and that is
-    no fault of the config (a child that starts slowly is retried; a config refused is not).
-    When time is up the check's process group is killed, and ``TimeoutExpired`` carries what its
-    stdout held as ``output``.
+    no fault of the config (a child that starts slowly is retried; a config refused is not). The
+    start itself may take ``start_window``. When either runs out — the output still open, or the
+    process not yet exited — the check's process group is killed and ``_CheckStopped`` raised.
     """
-    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-    with contextlib.suppress(BrokenPipeError):
-        process.stdin.write(request)
-    with contextlib.suppress(BrokenPipeError):
-        process.stdin.close()
+    assert process.stdout is not None and process.stderr is not None
     out_fd, err_fd = process.stdout.fileno(), process.stderr.fileno()
     chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
-    deadline = time.monotonic() + _START_SECONDS
-    started = timed_out = False
+    deadline = time.monotonic() + start_window
+    started = False
     try:
         with selectors.DefaultSelector() as selector:
             for fd in chunks:
                 selector.register(fd, selectors.EVENT_READ)
-            while selector.get_map():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    if timed_out:  # stuck in the kernel (a hung file system) after the kill: leave it
-                        break
-                    timed_out, deadline = True, time.monotonic() + _AFTER_KILL_SECONDS
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(process.pid, signal.SIGKILL)
-                    continue
+            while selector.get_map() and (left := deadline - time.monotonic()) > 0:
                 for key, _ in selector.select(left):
                     data = os.read(key.fd, 65536)
                     if not data:
                         selector.unregister(key.fd)
                         continue
                     chunks[key.fd].append(data)
-                    if not started and not timed_out and b"".join(chunks[out_fd]).startswith(_STARTED):
+                    if not started and key.fd == out_fd and _has_started(b"".join(chunks[out_fd])):
                         started, deadline = True, time.monotonic() + timeout
+            if not selector.get_map():  # both closed: it is exiting (unless an import keeps it alive)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                _drain(selector, chunks, _AFTER_KILL_SECONDS)
+                with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel: leave it
+                    process.wait(timeout=_AFTER_KILL_SECONDS)
+                raise _CheckStopped(b"".join(chunks[out_fd]), started=started)
     finally:
         process.stdout.close()
         process.stderr.close()
-    out, err = b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
-    if timed_out:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=_AFTER_KILL_SECONDS)
-        raise subprocess.TimeoutExpired(process.args, timeout, output=out, stderr=err)
-    process.wait()
-    return out, err
+    return b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
+
+
+def _drain(selector: selectors.BaseSelector, chunks: dict[int, list[bytes]], seconds: float) -> None:
+    """What a killed check wrote before it died, for at most ``seconds`` (a hung file system)."""
+    deadline = time.monotonic() + seconds
+    while selector.get_map() and (left := deadline - time.monotonic()) > 0:
+        for key, _ in selector.select(left):
+            data = os.read(key.fd, 65536)
+            if data:
+                chunks[key.fd].append(data)
+            else:
+                selector.unregister(key.fd)
 
 
 def _issues_from(
@@ -400,10 +424,10 @@ def main() -> int:
 
     Whatever a tool's import writes to stdout goes to stderr instead: stdout is the report.
     """
-    import agentd.tools  # noqa: F401  (agentd's own imports are start-up, not the tools' time)
-
     report_fd = os.dup(1)
     os.dup2(2, 1)
+    import agentd.tools  # noqa: F401  (agentd's own imports are start-up, not the tools' time)
+
     tool_lists = json.loads(sys.stdin.buffer.read())
     with open(report_fd, "w", encoding="utf-8") as report:
         report.write(_STARTED.decode())

@@ -94,8 +94,9 @@ def test_an_import_that_hangs_is_refused_within_spawn_timeout_naming_the_tool(tm
 def test_spawn_timeout_times_the_tools_imports_not_a_slow_interpreter_start(tmp_path: Path) -> None:
     """A loaded machine may take longer than ``spawn_timeout`` to start Python: that refuses no config
     (a child that starts slowly is retried; a refused config stops the daemon). The slow start is
-    a ``sitecustomize`` that sleeps, which every interpreter on this PYTHONPATH runs before ``main``."""
-    write(tmp_path / "sitecustomize.py", "import time\ntime.sleep(1.5)\n")
+    a ``sitecustomize`` that prints and sleeps, which every interpreter on this PYTHONPATH runs
+    before ``main`` (what it prints comes before the check's own lines)."""
+    write(tmp_path / "sitecustomize.py", "import time\nprint('site noise')\ntime.sleep(1.5)\n")
     write(tmp_path / "fasttools.py", "def quick() -> str:\n    return 'q'\n")
     write(tmp_path / "hangtools.py", "import time\ntime.sleep(60)\ndef slow() -> str:\n    return 's'\n")
     fast = write(
