@@ -340,7 +340,8 @@ class ChildRuntime:
             session.log.exception(events.LOG_TURN_CRASHED, turn=frame.turn)
             await self.send(Failed(session=session.id, turn=frame.turn, error=f"{type(exc).__name__}: {exc}"))
         finally:
-            if not any(s.running for s in self.sessions.values()):
+            # Only a drain waits for the last turn: the scan of every session is its cost, not a turn's.
+            if self.draining and not any(s.running for s in self.sessions.values()):
                 self._idle.set()
 
     async def _journal(self, frame: JournalStart | JournalFinish) -> str | None:
