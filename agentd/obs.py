@@ -21,7 +21,7 @@ from agentd.redact import scrub_log_secrets
 if TYPE_CHECKING:
     from agentd.records import ModelSpend
 
-__all__ = ["LogFormat", "LogLimiter", "Metrics", "configure_logging", "get_logger"]
+__all__ = ["LogFormat", "LogLimiter", "Metrics", "bound_logger", "configure_logging", "get_logger"]
 
 LogFormat = Literal["json", "console", "auto"]
 
@@ -82,6 +82,15 @@ def _route_stdlib_logging() -> None:
         root.setLevel(logging.WARNING)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi"):
         logging.getLogger(name).propagate = True  # to the root handler above (log_config=None)
+
+
+def bound_logger(component: str, **context: object) -> structlog.typing.FilteringBoundLogger:
+    """``get_logger`` bound now, for an object that logs on every turn (a hot session): a lazy
+    logger builds itself again on every call (about 13 µs). It keeps the level and output in force
+    when it is made (``configure_logging`` runs at start, before any session); processors that are
+    reconfigured later (``structlog.testing.capture_logs``) still apply."""
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(component=component, **context).bind()
+    return logger
 
 
 def get_logger(component: str, **context: object) -> structlog.typing.FilteringBoundLogger:

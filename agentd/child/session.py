@@ -18,7 +18,7 @@ from agentd.config import Assistant, Config, Intelligence, Limits, SwapPolicy
 from agentd.intel import Completion, CompletionRequest, IntelError, Provider, build_provider
 from agentd.intel.base import IntelErrorKind
 from agentd.messages import Message
-from agentd.obs import get_logger
+from agentd.obs import bound_logger, get_logger
 from agentd.otel import tracing
 from agentd.protocol import Event, Frame, SwapApplied, SwapIntel, SwapKind
 from agentd.swap import classify_swap, restart_due
@@ -64,7 +64,7 @@ class ChildSession:
         if assistant not in intelligence:
             raise KeyError(assistant)
         self.id = session_id
-        self.log = get_logger("child", session=session_id)  # its lines name the session
+        self.log = bound_logger("child", session=session_id)  # its lines name the session
         self.config = config  # assistants' prompts, tools and transfers of the generation it runs
         self.assistant = assistant
         self.transcript = transcript

@@ -23,7 +23,7 @@ from agentd import events
 from agentd.approvals import Approval, Decision, ParkedRun
 from agentd.errors import Conflict
 from agentd.messages import UserMessage
-from agentd.obs import get_logger
+from agentd.obs import bound_logger
 from agentd.records import SessionState, TurnRecord
 from agentd.supervisor.blame import quarantined
 from agentd.views import Entry, entry_from_message, turn_done_event
@@ -166,7 +166,7 @@ class SessionRuntime:
 
     def __init__(self, session_id: str, assistant: str, state: SessionState, generation: int, model: str) -> None:
         self.id = session_id
-        self.log = get_logger("supervisor", session=session_id)  # its lines name the session
+        self.log = bound_logger("supervisor", session=session_id)  # its lines name the session
         self.assistant = assistant
         self.state: SessionState = state
         self.generation = generation
