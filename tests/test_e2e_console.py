@@ -320,6 +320,10 @@ def test_a_reply_streams_in_without_a_reload(watched: Watched, console: Console,
         expect(page.locator("#live-log")).to_contain_text("turn done: completed")
         expect(page.locator("#cancel-form")).to_be_hidden()
         expect(page.locator("#state")).to_have_text("idle")
+        # The session's totals follow the turn that ended (the page was rendered with none).
+        expect(page.locator("#session-usage")).to_contain_text("in 1 model call(s)")
+        expect(page.locator("#session-facts")).not_to_contain_text("not loaded")  # it ran on a child
+        expect(page.locator("#usage tbody tr").first).to_contain_text("echo-small")
         assert page.evaluate("window.agentdMarker") == "same page"
         watched.shot(artifacts, "06-session-streamed")
     finally:

@@ -312,6 +312,9 @@ def build_console(service: Service, token: str) -> ASGIApp:
                 "total": len(view.transcript),
                 "turn": row.render(t=turn) if turn is not None else "",
                 "state": view.state,
+                # The session's totals changed with the turn: the page's own partials again.
+                "facts": env.get_template("session_facts.html").render(session=view),
+                "usage_table": env.get_template("usage_table.html").render(session=view),
             },
             headers={"Cache-Control": "no-store"},
         )

@@ -105,6 +105,10 @@ async function refresh(live, turnId) {
     row.remove();
     localizeTimes(document.getElementById("turns"));
   }
+  const facts = document.getElementById("session-facts");
+  if (facts && update.facts) facts.outerHTML = update.facts;
+  const usage = document.getElementById("usage");
+  if (usage && update.usage_table) usage.outerHTML = update.usage_table;
   setState(update.state);
   if (update.state !== "running" && update.state !== "awaiting_approval" && live.running === turnId) {
     live.running = null;  // it ended before this page's stream opened
