@@ -104,6 +104,7 @@ class Turns:
 
     @property
     def pool(self) -> Pool:
+        """The pool the turns run on (given by ``attach``)."""
         assert self._pool is not None, "turns are not attached"
         return self._pool
 
