@@ -90,6 +90,7 @@ class ChildRuntime:
         self.exit_code = 0
         self._done = anyio.Event()
         self._idle = anyio.Event()
+        self._turn_tasks = 0  # turn tasks not yet ended (their TurnDone sent): what a drain waits for
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def run(self) -> int:
@@ -286,6 +287,7 @@ class ChildRuntime:
         session.watched = frame.watched
         session.turn_run = frame.run
         assert self._tg is not None
+        self._turn_tasks += 1  # counted before it starts: a drain that begins now waits for it
         self._tg.start_soon(self._turn_task, session, frame)
 
     async def _turn_task(self, session: ChildSession, frame: Input) -> None:
@@ -340,8 +342,10 @@ class ChildRuntime:
             session.log.exception(events.LOG_TURN_CRASHED, turn=frame.turn)
             await self.send(Failed(session=session.id, turn=frame.turn, error=f"{type(exc).__name__}: {exc}"))
         finally:
-            # Only a drain waits for the last turn: the scan of every session is its cost, not a turn's.
-            if self.draining and not any(s.running for s in self.sessions.values()):
+            # Counted to the end of the task, past the send of its TurnDone: a session stops
+            # ``running`` before that, and a drain must not stop the child under the send.
+            self._turn_tasks -= 1
+            if self._turn_tasks == 0:
                 self._idle.set()
 
     async def _journal(self, frame: JournalStart | JournalFinish) -> str | None:
@@ -367,7 +371,7 @@ class ChildRuntime:
         self.draining = True
         log.info(events.LOG_CHILD_SHUTDOWN, child=self.child_id, grace=grace)
         with anyio.move_on_after(grace):
-            while any(s.running for s in self.sessions.values()):
+            while self._turn_tasks:
                 self._idle = anyio.Event()
                 await self._idle.wait()
         self._stop(0)
