@@ -149,7 +149,7 @@ def every_kind(turn: str = "t0") -> list[Message]:
 
 
 async def test_schema_version_and_indexes(store: Store, backend: Backend) -> None:
-    assert migrations.SCHEMA_VERSION == 11
+    assert migrations.SCHEMA_VERSION == 12
     assert backend.schema_version() == migrations.SCHEMA_VERSION
     assert {"sessions_state", "sessions_owner", "turns_one_pending", "entries_active"} <= backend.indexes()
     assert {"owner", "lease_expires", "fence"} <= set(backend.columns("sessions"))

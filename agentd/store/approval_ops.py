@@ -17,7 +17,6 @@ from typing import Any
 import msgspec
 
 from agentd.approvals import Approval, ApprovalRequest, ApprovalStatus, ParkedRun
-from agentd.records import PENDING
 from agentd.store import codec
 from agentd.store.base import AlreadyDecided, Lease, ParkResult, UnknownApproval
 from agentd.store.sansio import Op, Row, execute, fetch_all, fetch_one, pending_turn_row
@@ -194,11 +193,10 @@ def _turn_ready(session_id: str, turn_id: str) -> Op[bool]:
     """Whether the turn has a parked run, is pending, and no approval of it waits any more."""
     row = yield from fetch_one(
         "SELECT 1 AS ready FROM parked_turns p JOIN turns t ON t.session = p.session AND t.id = p.turn"
-        " WHERE p.session = :session AND p.turn = :turn AND p.run <> '' AND t.status = :pending AND NOT EXISTS"
+        " WHERE p.session = :session AND p.turn = :turn AND p.run <> '' AND t.status = 'pending' AND NOT EXISTS"
         " (SELECT 1 FROM approvals a WHERE a.session = p.session AND a.turn = p.turn AND a.status = 'pending')",
         session=session_id,
         turn=turn_id,
-        pending=PENDING,
     )
     return row is not None
 
@@ -269,9 +267,8 @@ def parked_run(session_id: str, turn_id: str) -> Op[tuple[ParkedRun, list[Approv
 def awaiting_turn(session_id: str) -> Op[str | None]:
     """``Store.awaiting_turn``: the session's turn that awaits approval, if it has one."""
     row = yield from fetch_one(
-        f"SELECT t.id FROM turns t WHERE t.session = :session AND t.status = :pending AND {AWAITING}",
+        f"SELECT t.id FROM turns t WHERE t.session = :session AND t.status = 'pending' AND {AWAITING}",
         session=session_id,
-        pending=PENDING,
     )
     return None if row is None else str(row["id"])
 
@@ -282,9 +279,8 @@ def awaiting_sessions(session_ids: Sequence[str]) -> Op[set[str]]:
         return set()
     names = {f"s{i}": session_id for i, session_id in enumerate(session_ids)}
     rows = yield from fetch_all(
-        f"SELECT t.session FROM turns t WHERE t.status = :pending AND t.session IN"
+        f"SELECT t.session FROM turns t WHERE t.status = 'pending' AND t.session IN"
         f" ({', '.join(':' + name for name in names)}) AND {AWAITING}",
-        pending=PENDING,
         **names,
     )
     return {str(row["session"]) for row in rows}
@@ -331,9 +327,8 @@ def unpark_for_swap(assistant: str, model: str, now: float) -> Op[list[tuple[str
     rows = yield from fetch_all(
         "SELECT t.session, t.id FROM turns t JOIN sessions s ON s.id = t.session"
         " JOIN parked_turns pk ON pk.session = t.session AND pk.turn = t.id"
-        f" WHERE t.status = :pending AND s.state != 'closed' AND s.assistant = :assistant AND pk.model != :model"
+        f" WHERE t.status = 'pending' AND s.state != 'closed' AND s.assistant = :assistant AND pk.model != :model"
         f" AND {AWAITING}",
-        pending=PENDING,
         assistant=assistant,
         model=model,
     )

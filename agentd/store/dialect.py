@@ -71,7 +71,7 @@ class Dialect:
         self._cache: dict[str, Rendered] = {}
         #: The statement that lets one write's commit return before it is synced, or None.
         self.relaxed_commit = relaxed_commit
-        #: The statement (neutral form: ``:channel``, ``:session``, ``:pending``) that notifies the
+        #: The statement (neutral form: ``:channel``, ``:session``) that notifies the
         #: pending turn of a released session, or None where nobody else listens.
         self.orphan_notice = orphan_notice
         self._text = text
@@ -136,7 +136,7 @@ POSTGRES: Final = Dialect(
     named=_percent_named,
     # The turn's own commit flushes the WAL, and this record with it.
     relaxed_commit="SET LOCAL synchronous_commit = off",
-    orphan_notice="SELECT pg_notify(:channel, session) FROM turns WHERE session = :session AND status = :pending",
+    orphan_notice="SELECT pg_notify(:channel, session) FROM turns WHERE session = :session AND status = 'pending'",
     # PostgreSQL refuses the NUL character in TEXT, which a model's error can hold.
     text=lambda value: value.replace("\x00", "\ufffd"),
 )

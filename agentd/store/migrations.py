@@ -53,6 +53,9 @@ Versions:
 11. Approvals (RFC 0012 §4): ``approvals``, one row per tool call a human decides on (its status
     changes once, from ``pending``), and ``parked_turns``, the run of a pending turn that stopped
     for them (JSON), deleted by the transaction that ends the turn.
+12. ``approvals_turn`` also holds ``status``: the transaction that ends a turn cancels the turn's
+    pending approvals by session, turn and status, and with the narrower index SQLite's planner
+    (which keeps no statistics) searched every pending approval of every session instead.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ _PRICE = "currency, input_price, output_price, cached_input_price"
 _COVERED = "input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, requests, unreported, ended_at"
 
 #: The schema version this code writes.
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 #: version -> the SQLite statements that bring a database at version-1 to it.
 SQLITE: dict[int, tuple[str, ...]] = {
@@ -258,6 +261,10 @@ SQLITE: dict[int, tuple[str, ...]] = {
         )
         """,
     ),
+    12: (
+        "DROP INDEX approvals_turn",
+        "CREATE INDEX approvals_turn ON approvals (session, turn, status)",
+    ),
 }
 
 
@@ -448,5 +455,9 @@ POSTGRES: dict[int, tuple[str, ...]] = {
             FOREIGN KEY (session, turn) REFERENCES turns (session, id)
         )
         """,
+    ),
+    12: (
+        "DROP INDEX approvals_turn",
+        "CREATE INDEX approvals_turn ON approvals (session, turn, status)",
     ),
 }

@@ -222,14 +222,13 @@ def interrupted_turns() -> Op[list[tuple[StoredSession, StartedTurn]]]:
     """``Store.interrupted_turns``: every pending turn of a session that is not closed, oldest first
     (but those that await approval: nothing runs them until they are decided, RFC 0012 §4)."""
     turns = yield from fetch_all(
-        f"{TURN_SELECT} WHERE t.status = :pending AND NOT {AWAITING} ORDER BY t.started_at, t.n", pending=PENDING
+        f"{TURN_SELECT} WHERE t.status = 'pending' AND NOT {AWAITING} ORDER BY t.started_at, t.n"
     )
     if not turns:
         return []
     rows = yield from fetch_all(
         f"SELECT {SESSION_COLUMNS} FROM sessions WHERE state != 'closed'"
-        " AND id IN (SELECT session FROM turns WHERE status = :pending)",
-        pending=PENDING,
+        " AND id IN (SELECT session FROM turns WHERE status = 'pending')",
     )
     sessions = {row["id"]: row for row in rows}
     return [
@@ -284,7 +283,7 @@ def begin_turn(
     if row["state"] == "closed":
         raise StoreError(f"cannot begin {where}: the session is closed")
     pending = yield from fetch_one(
-        "SELECT id FROM turns WHERE session = :session AND status = :pending", session=session_id, pending=PENDING
+        "SELECT id FROM turns WHERE session = :session AND status = 'pending'", session=session_id
     )
     if pending is not None:
         raise StoreError(f"cannot begin {where}: turn {pending['id']} is still pending")
@@ -293,10 +292,9 @@ def begin_turn(
     seq = None if message is None else (yield from insert_entries(session_id, [message]))[0]
     yield from execute(
         "INSERT INTO turns (session, id, status, message_seq, started_at, trace)"
-        " VALUES (:session, :id, :pending, :seq, :started_at, :trace)",
+        " VALUES (:session, :id, 'pending', :seq, :started_at, :trace)",
         session=session_id,
         id=turn_id,
-        pending=PENDING,
         seq=seq,
         started_at=started_at,
         trace=trace,
@@ -456,19 +454,16 @@ def pending_turn(session_id: str) -> Op[StartedTurn | None]:
     """``Store.pending_turn``: the session's pending turn with its input; UnknownSession if the session is unknown."""
     if (yield from session_row(session_id)) is None:
         raise UnknownSession(f"session {session_id} is unknown")
-    row = yield from fetch_one(
-        f"{TURN_SELECT} WHERE t.session = :session AND t.status = :pending", session=session_id, pending=PENDING
-    )
+    row = yield from fetch_one(f"{TURN_SELECT} WHERE t.session = :session AND t.status = 'pending'", session=session_id)
     return None if row is None else started_from_row(row)
 
 
 def request_cancel(session_id: str, turn_id: str) -> Op[bool]:
     """``Store.request_cancel``: mark the pending turn as asked to cancel; False if it is not pending."""
     updated = yield from execute(
-        "UPDATE turns SET cancel_requested = {true} WHERE session = :session AND id = :id AND status = :pending",
+        "UPDATE turns SET cancel_requested = {true} WHERE session = :session AND id = :id AND status = 'pending'",
         session=session_id,
         id=turn_id,
-        pending=PENDING,
     )
     return updated == 1
 
@@ -549,7 +544,7 @@ def claim(session_id: str, replica: str, ttl: float, turn: str | None) -> Op[Lea
     turn_pending = (
         ""
         if turn is None
-        else " AND EXISTS (SELECT 1 FROM turns t WHERE t.session = :id AND t.id = :turn AND t.status = :pending)"
+        else " AND EXISTS (SELECT 1 FROM turns t WHERE t.session = :id AND t.id = :turn AND t.status = 'pending')"
     )
     row = yield from fetch_one(
         "UPDATE sessions SET owner = :replica, fence = CASE WHEN owner = :replica THEN fence ELSE fence + 1 END,"
@@ -560,7 +555,6 @@ def claim(session_id: str, replica: str, ttl: float, turn: str | None) -> Op[Lea
         ttl=float(ttl),
         id=session_id,
         turn=turn,
-        pending=PENDING,
     )
     if row is not None:
         return lease_from_row(session_id, replica, row)
@@ -594,17 +588,17 @@ def release(lease: Lease, notice: str | None) -> Op[bool]:
     if not released and (yield from session_row(lease.session)) is None:
         raise UnknownSession(f"cannot release session {lease.session}: the session is unknown")
     if released and notice is not None:
-        yield from execute(notice, channel=ORPHANS, session=lease.session, pending=PENDING)
+        yield from execute(notice, channel=ORPHANS, session=lease.session)
     return bool(released)
 
 
 def claim_orphaned(replica: str, ttl: float, limit: int) -> Op[list[Lease]]:
     """``Store.claim_orphaned``: the failover scan, oldest pending turn first; rows another scan
     holds are skipped, not waited for (``{skip_locked}``)."""
-    pending_turn_of = "(SELECT t.{0} FROM turns t WHERE t.session = sessions.id AND t.status = :pending) AS {0}"
+    pending_turn_of = "(SELECT t.{0} FROM turns t WHERE t.session = sessions.id AND t.status = 'pending') AS {0}"
     rows = yield from fetch_all(
         "WITH orphans AS ("
-        " SELECT s.id FROM sessions s JOIN turns t ON t.session = s.id AND t.status = :pending"
+        " SELECT s.id FROM sessions s JOIN turns t ON t.session = s.id AND t.status = 'pending'"
         " WHERE s.state != 'closed' AND (s.owner IS NULL OR (s.owner != :replica AND s.lease_expires <= {now}))"
         f" AND NOT {AWAITING}"
         " ORDER BY t.started_at, t.n LIMIT :limit{skip_locked})"
@@ -612,7 +606,6 @@ def claim_orphaned(replica: str, ttl: float, limit: int) -> Op[list[Lease]]:
         " FROM orphans WHERE sessions.id = orphans.id"
         f" RETURNING sessions.id, sessions.fence, sessions.lease_expires, {pending_turn_of.format('started_at')},"
         f" {pending_turn_of.format('n')}, {WATCHERS}",
-        pending=PENDING,
         replica=replica,
         limit=limit,
         ttl=float(ttl),
