@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import structlog
 
@@ -159,6 +159,7 @@ class Metrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
         self.turns = Counter("agentd_turns", "Turns ended, by status", ["status"], registry=self.registry)
         self.swaps = Counter(
             "agentd_swaps_applied", "Swaps applied by sessions, by kind", ["kind"], registry=self.registry
@@ -212,6 +213,15 @@ class Metrics:
             registry=self.registry,
         )
 
+    def labelled(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)`` (in the order of its label names), kept once made: every turn
+        counts several, and prometheus_client validates the values and takes a lock on each lookup."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def count_spend(self, spend: Iterable[ModelSpend]) -> None:
         """Add a committed turn's per-model spend to ``agentd_tokens_total`` and ``agentd_cost_total``."""
         for part in spend:
@@ -223,9 +233,9 @@ class Metrics:
                 ("reasoning", usage.reasoning_tokens),
             ):
                 if count:
-                    self.tokens.labels(model=part.model, type=kind).inc(count)
+                    self.labelled(self.tokens, part.model, kind).inc(count)
             if part.cost is not None:
-                self.cost.labels(model=part.model, currency=part.cost.currency).inc(float(part.cost.amount))
+                self.labelled(self.cost, part.model, part.cost.currency).inc(float(part.cost.amount))
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

@@ -77,16 +77,16 @@ def cost_of(usage: Usage, price: Price) -> Cost:
 def add_costs(costs: Iterable[Cost | None]) -> Cost | None:
     """The exact sum of ``costs``; None when any is None, when they are in different currencies,
     or when there are none (nothing was priced)."""
-    total: Decimal | None = None
-    currency: str | None = None
-    with decimal.localcontext(_EXACT):
-        for cost in costs:
-            if cost is None or (currency is not None and cost.currency != currency):
-                return None
-            currency = cost.currency
-            total = Decimal(cost.amount) + (total if total is not None else Decimal(0))
-    if total is None or currency is None:
+    given = list(costs)
+    priced = [cost for cost in given if cost is not None]
+    # Most turns run on a model without a price: answered before any decimal arithmetic.
+    if not priced or len(priced) != len(given):
         return None
+    currency = priced[0].currency
+    if any(cost.currency != currency for cost in priced):
+        return None
+    with decimal.localcontext(_EXACT):
+        total = sum((Decimal(cost.amount) for cost in priced), Decimal(0))
     return Cost(amount=decimal_text(total), currency=currency)
 
 

@@ -70,13 +70,20 @@ def raw(db_path: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def on_the_loop(fn: Any) -> None:
-    """Run ``fn`` on the event loop from inside a store call: from SQLite's worker thread, or directly
-    when the call runs on the loop itself (PostgreSQL's async driver)."""
-    try:
-        anyio.from_thread.run_sync(fn)
-    except RuntimeError:  # not in a worker thread: already on the loop
-        fn()
+class Loop:
+    """The test's event loop, for code that runs inside a store call: in SQLite's worker thread, or
+    on the loop itself (PostgreSQL's async driver). Made on the loop."""
+
+    def __init__(self) -> None:
+        self.token = anyio.lowlevel.current_token()
+        self.thread = threading.get_ident()
+
+    def run(self, fn: Any) -> None:
+        """``fn()`` on the loop, waiting for it."""
+        if threading.get_ident() == self.thread:
+            fn()
+        else:
+            anyio.from_thread.run_sync(fn, token=self.token)
 
 
 def reply(turn: str, text: str, *, model: str = "echo-small", assistant: str = "triage") -> AssistantMessage:
@@ -1033,8 +1040,8 @@ async def test_a_sqlite_store_call_does_not_block_the_event_loop(
     """While a big commit is inside its transaction, other tasks keep running on the loop.
 
     The commit's worker pauses inside the transaction until a task on the event loop has ticked
-    several times. If the store ran on the loop thread, ``from_thread`` would refuse to run (and a
-    blocked loop could never tick): the commit would fail instead of finishing in this order.
+    several times. If the store ran on the loop thread, the blocked loop could never tick: the
+    commit would resume only after its deadlock guard, and the order would differ.
     """
     await new_session(sqlite_store)
     await sqlite_store.begin_turn("s1", "t1", UserMessage(content="write a lot"), started_at=1.0)
@@ -1044,13 +1051,13 @@ async def test_a_sqlite_store_call_does_not_block_the_event_loop(
     in_transaction = anyio.Event()
     release = threading.Event()
     log: list[str] = []
-    loop_thread = threading.get_ident()
+    loop = Loop()
     worker_threads: set[int] = set()
 
     def pausing(message: Message) -> str:
         worker_threads.add(threading.get_ident())
         if message is messages[0]:
-            anyio.from_thread.run_sync(in_transaction.set)
+            loop.run(in_transaction.set)
             released = release.wait(timeout=60)  # a deadlock guard only; the loop releases it
             log.append("worker resumed" if released else "worker never released")
         return original(message)
@@ -1070,7 +1077,7 @@ async def test_a_sqlite_store_call_does_not_block_the_event_loop(
         log.append("commit returned")
 
     assert log == [*(f"tick {i}" for i in range(5)), "worker resumed", "commit returned"]
-    assert loop_thread not in worker_threads
+    assert loop.thread not in worker_threads
     assert seqs == tuple(range(3, 503))
 
 
@@ -1083,10 +1090,11 @@ async def test_a_cancelled_caller_does_not_tear_a_commit(
     messages = [reply("t1", f"part {i}") for i in range(5)]
     original = codec.encode_message
     scope = anyio.CancelScope()
+    loop = Loop()
 
     def cancelling(message: Message) -> str:
         if message is messages[0]:
-            on_the_loop(scope.cancel)
+            loop.run(scope.cancel)
         return original(message)
 
     monkeypatch.setattr(codec, "encode_message", cancelling)

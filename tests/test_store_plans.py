@@ -1,8 +1,8 @@
 """How SQLite runs the statements of a turn's life: by index, planned once.
 
 SQLite keeps no statistics, so its planner picks an index from the statement alone; PostgreSQL
-plans from statistics and is not covered here. Every statement a turn's ``begin_turn`` and
-``commit_turn`` run (recorded from the real store, as SQLite receives them) must:
+plans from statistics and is not covered here. Every statement a turn's ``begin_turn``,
+``park_turn`` and ``commit_turn`` run (recorded from the real store, as SQLite receives them) must:
 
 - reach each table through an index on the session (never ``SCAN`` a table, never search every
   pending approval: the statement ending a turn cancels that turn's approvals only);
@@ -59,7 +59,7 @@ def recorded(op: Op[Any], seen: list[Query]) -> Op[Any]:
 
 
 async def turn_statements(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Query]:
-    """Every query of a turn's begin and commit on a store that holds other sessions' pending approvals."""
+    """Every query of a turn's begin, park and commit, on a store that holds other sessions' pending approvals."""
     store = await SqliteStore.open(path)
     try:
         for session in ("other", "s1"):
@@ -72,6 +72,9 @@ async def turn_statements(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Q
         real_drive = sqlite.drive
         monkeypatch.setattr(sqlite, "drive", lambda conn, op: real_drive(conn, recorded(op, seen)))
         await store.begin_turn("s1", "t1", UserMessage(content="ping", turn="t1"), 4.0, durable=False)
+        await store.park_turn(
+            "s1", "t1", run, [(f"ap_s1_{i}", request) for i, (_, request) in enumerate(calls)], expires_at=None
+        )
         spent = Usage(3, 4, requests=1)
         turn = TurnRecord(
             id="t1",

@@ -77,13 +77,12 @@ def approval_from_row(row: Row) -> Approval:
     )
 
 
-def _turn_approvals(session_id: str, turn_id: str, status: str | None = None) -> Op[list[Approval]]:
-    params: dict[str, Any] = {"session": session_id, "turn": turn_id}
-    only = ""
-    if status is not None:
-        only, params["status"] = " AND status = :status", status
+def _turn_approvals(session_id: str, turn_id: str, *, pending_only: bool = False) -> Op[list[Approval]]:
+    only = " AND status = 'pending'" if pending_only else ""  # a literal: see agentd.store.sansio
     rows = yield from fetch_all(
-        f"SELECT {COLUMNS} FROM approvals WHERE session = :session AND turn = :turn{only} ORDER BY n", **params
+        f"SELECT {COLUMNS} FROM approvals WHERE session = :session AND turn = :turn{only} ORDER BY n",
+        session=session_id,
+        turn=turn_id,
     )
     return [approval_from_row(row) for row in rows]
 
@@ -105,7 +104,7 @@ def park_turn(
     turn are cancelled. Fenced like every write of a running turn."""
     refusal = f"cannot park session {session_id} turn {turn_id}"
     yield from pending_turn_row(session_id, turn_id, refusal, lease)
-    waiting = yield from _turn_approvals(session_id, turn_id, ApprovalStatus.PENDING.value)
+    waiting = yield from _turn_approvals(session_id, turn_id, pending_only=True)
     # A run a swap discarded left a marker (``run`` empty) with when: approvals decided since
     # (while its re-run ran) are kept with their decision when the re-run asks for the same call.
     marker = yield from fetch_one(
@@ -175,7 +174,17 @@ def _cancel(approval_id: str, reason: str, now: float) -> Op[int]:
 
 
 def end_approvals(session_id: str, turn_id: str, reason: str, now: float) -> Op[None]:
-    """Inside the transaction that ends a turn: its pending approvals are cancelled, its parked run dropped."""
+    """Inside the transaction that ends a turn: its parked run dropped, its pending approvals cancelled.
+
+    Approvals are written only by ``park_turn``, which writes the turn's parked run in the same
+    transaction, and the run stays (as a marker, if a swap discarded it) until the turn ends: a
+    turn without one never parked and has no approval, so most turns end with one statement here.
+    """
+    parked = yield from execute(
+        "DELETE FROM parked_turns WHERE session = :session AND turn = :turn", session=session_id, turn=turn_id
+    )
+    if not parked:
+        return
     yield from execute(
         "UPDATE approvals SET status = 'cancelled', reason = :reason, decided_at = :now"
         " WHERE session = :session AND turn = :turn AND status = 'pending'",
@@ -183,9 +192,6 @@ def end_approvals(session_id: str, turn_id: str, reason: str, now: float) -> Op[
         now=now,
         session=session_id,
         turn=turn_id,
-    )
-    yield from execute(
-        "DELETE FROM parked_turns WHERE session = :session AND turn = :turn", session=session_id, turn=turn_id
     )
 
 

@@ -7,6 +7,10 @@ None for ``MANY`` (one statement run once per parameter set). It returns the ope
 or raises a ``StoreError`` that the caller hears as is. A row is read by column name only
 (``Row``): a ``sqlite3.Row`` and psycopg's dict rows both are one.
 
+A status is written into the SQL as a literal (``status = 'pending'``), never bound: SQLite uses a
+partial index on a status (``turns_one_pending``) for a bound value only by preparing the statement
+again on every run (``tests/test_store_plans.py`` keeps every turn's statement so).
+
 A backend runs an operation with ``run`` (sync: SQLite, in its worker thread) or ``run_async``
 (PostgreSQL), giving the function that answers one query on its connection; everything else
 here — the row decoders and the steps several operations share (the fence, appending entries,

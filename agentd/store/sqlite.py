@@ -10,10 +10,10 @@ write). Every store call is ``agentd.store.sqlstore.SqlStore``'s (its operations
 ``agentd.store.operations``, are the PostgreSQL store's too); this module only runs them. What is
 SQLite's own:
 
-- Every database call runs in a worker thread, one at a time, on one connection, so the
-  supervisor's event loop is never blocked by disk I/O (``anyio.to_thread.run_sync`` with a
-  ``CapacityLimiter(1)``). A caller cancelled while its call runs does not tear the call: the
-  transaction completes (or rolls back) before the cancellation is delivered.
+- Every database call runs in the store's worker thread, one at a time, on one connection, so
+  the supervisor's event loop is never blocked by disk I/O (``agentd.store.worker``). A caller
+  cancelled while its call runs does not tear the call: the transaction completes (or rolls
+  back) before the cancellation is delivered.
 - Writes are group-committed (``_write``): one transaction and one fsync for every write that
   arrived while the previous batch was being written, each in a savepoint of its own.
 - The operations' SQL is rendered by ``dialect.SQLITE`` and run by ``drive`` on the connection
@@ -43,6 +43,7 @@ from agentd.store.base import StoreError, StoreUnavailable
 from agentd.store.dialect import CLOCK, SQLITE
 from agentd.store.sansio import Kind, Op, Query, run
 from agentd.store.sqlstore import SqlStore
+from agentd.store.worker import Worker
 
 __all__ = ["SqliteStore"]
 
@@ -73,7 +74,7 @@ class SqliteStore(SqlStore):
         """Wrap an open, migrated connection; use ``SqliteStore.open`` instead."""
         self._conn: sqlite3.Connection | None = conn
         self._path = path
-        self._limiter = anyio.CapacityLimiter(1)
+        self._worker = Worker(f"agentd-store {path.name}")
         self._batch_lock = anyio.Lock()
         # Why the last batch of writes failed because of the database itself (None: it worked).
         self.failure: str | None = None
@@ -106,7 +107,10 @@ class SqliteStore(SqlStore):
             if conn is not None:
                 conn.close()
 
-        await anyio.to_thread.run_sync(close, limiter=self._limiter)
+        if self._worker.stopped:  # closed before
+            return
+        await self._worker.run(close)
+        self._worker.stop()
 
     @property
     def path(self) -> Path:
@@ -133,7 +137,7 @@ class SqliteStore(SqlStore):
 
         if self._conn is None:
             raise StoreError(f"{what}: the store is closed")
-        return await anyio.to_thread.run_sync(call, limiter=self._limiter)
+        return await self._worker.run(call)
 
     async def _write(self, what: str, op: Op[T], *, durable: bool = True) -> T:
         """Run ``op`` in a write transaction: its writes are committed if it returns, undone if it raises.

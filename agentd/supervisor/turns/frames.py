@@ -68,7 +68,7 @@ class ChildFrames:
         match frame:
             case Event(name=name, turn=turn, data=data):
                 if name in (events.DELTA, events.STEP_RESET):
-                    self.metrics.delta_frames.labels(event=name).inc()
+                    self.metrics.labelled(self.metrics.delta_frames, name).inc()
                 if name in (events.INTEL_WAITING, events.INTEL_RECOVERED):
                     runtime.waiting_for_intel(name == events.INTEL_WAITING)
                 if not runtime.held(name, turn, data):  # after a TurnDone being committed: keep the order

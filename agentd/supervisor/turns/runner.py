@@ -389,7 +389,7 @@ class TurnRunner:
             # turn on yet another replica, so its stream stays in order across turns.
             await relay.flush(RELAY_FLUSH_BOUND)
         runtime.turn_ended()
-        self.metrics.turns.labels(status=record.status.value).inc()
+        self.metrics.labelled(self.metrics.turns, record.status.value).inc()
         self.metrics.turn_seconds.observe(max(0.0, record.ended_at - record.started_at))
         self.metrics.count_spend(record.by_model)
         runtime.log.info(
