@@ -1081,6 +1081,47 @@ async def test_a_sqlite_store_call_does_not_block_the_event_loop(
     assert seqs == tuple(range(3, 503))
 
 
+async def test_sqlite_writes_that_arrive_during_a_batch_are_written_together_next(
+    sqlite_store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: while one write's transaction runs, five more arrive; they go in one batch
+    after it (two transactions in all), and every caller is answered."""
+    for index in range(6):
+        await new_session(sqlite_store, f"s{index}")
+    first = UserMessage(content="first")
+    original = codec.encode_message
+    in_transaction, release = anyio.Event(), threading.Event()
+    loop = Loop()
+
+    def pausing(message: Message) -> str:
+        if message.content == "first":  # type: ignore[union-attr]  # every message here is a UserMessage
+            loop.run(in_transaction.set)
+            release.wait(timeout=60)  # a deadlock guard only; the test releases it
+        return original(message)
+
+    monkeypatch.setattr(codec, "encode_message", pausing)
+    transactions: list[str] = []
+    conn = sqlite_store._conn
+    assert conn is not None
+    conn.set_trace_callback(lambda sql: transactions.append(sql) if sql.startswith("BEGIN IMMEDIATE") else None)
+    seqs: dict[str, int | None] = {}
+
+    async def begin(session: str, message: UserMessage) -> None:
+        seqs[session] = await sqlite_store.begin_turn(session, "t1", message, started_at=1.0)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(begin, "s0", first)
+        await in_transaction.wait()
+        for index in range(1, 6):
+            tg.start_soon(begin, f"s{index}", UserMessage(content="later"))
+        for _ in range(5):
+            await anyio.lowlevel.checkpoint()  # every later write is queued
+        release.set()
+    conn.set_trace_callback(None)
+    assert len(transactions) == 2
+    assert seqs == {f"s{index}": 2 for index in range(6)}
+
+
 async def test_a_cancelled_caller_does_not_tear_a_commit(
     store: Store, backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import anyio
+import anyio.lowlevel
 import msgspec
 
 from agentd.store import migrations
@@ -75,7 +76,8 @@ class SqliteStore(SqlStore):
         self._conn: sqlite3.Connection | None = conn
         self._path = path
         self._worker = Worker(f"agentd-store {path.name}")
-        self._batch_lock = anyio.Lock()
+        # Set when the batch being written has ended (None: no batch is being written).
+        self._batch_done: anyio.Event | None = None
         # Why the last batch of writes failed because of the database itself (None: it worked).
         self.failure: str | None = None
         self._queued: list[_Write[Any]] = []
@@ -151,25 +153,35 @@ class SqliteStore(SqlStore):
             raise StoreError(f"{what}: the store is closed")
         write: _Write[T] = _Write(what, lambda conn: drive(conn, op), durable)
         self._queued.append(write)
-        async with self._batch_lock:
-            if not write.done:  # not yet taken by the batch before ours
-                batch, self._queued = self._queued, []
-                try:
-                    await self._run("write", lambda conn: _write_batch(conn, batch))
-                except StoreError as exc:  # e.g. the store was closed meanwhile: nothing of the batch ran
-                    for queued in batch:
-                        if not queued.done:
-                            queued.error = (
-                                StoreUnavailable(f"{queued.what}: {exc}", full=exc.full)
-                                if isinstance(exc, StoreUnavailable)
-                                else StoreError(f"{queued.what}: {exc}")
-                            )
-                            queued.done = True
-                failed = [w.error for w in batch if isinstance(w.error, StoreUnavailable)]
-                self.failure = str(failed[0]) if failed else None
+        # Writes that arrive while a batch is being written wait for it to end (all woken at once,
+        # not handed a lock one after another), then one of them writes everything queued.
+        while not write.done:
+            if self._batch_done is not None:
+                await self._batch_done.wait()
+                continue
+            # One turn of the loop first: the writes made in this turn of it join this batch.
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+            if self._batch_done is None and not write.done:
+                await self._commit_queued()
         if write.error is not None:
             raise write.error
         return write.result  # type: ignore[return-value]  # set whenever error is None
+
+    async def _commit_queued(self) -> None:
+        """Write every queued write as one batch; each ends done, with its result or its error."""
+        batch, self._queued = self._queued, []
+        done = self._batch_done = anyio.Event()
+        try:
+            await self._run("write", lambda conn: _write_batch(conn, batch))
+        except BaseException as exc:  # e.g. the store was closed meanwhile: nothing of the batch ran
+            _fail_unwritten(batch, exc)  # so that no waiter of this batch waits for it again
+            if not isinstance(exc, StoreError):
+                raise
+        finally:
+            self._batch_done = None
+            done.set()
+        failed = [w.error for w in batch if isinstance(w.error, StoreUnavailable)]
+        self.failure = str(failed[0]) if failed else None
 
     async def _read(self, what: str, op: Op[T]) -> T:
         """Run ``op`` in one read transaction (a consistent snapshot)."""
@@ -319,6 +331,20 @@ class _Write(Generic[T]):
         self.done = False
         self.result: T | None = None
         self.error: StoreError | None = None
+
+
+def _fail_unwritten(batch: list[_Write[Any]], exc: BaseException) -> None:
+    """Every write of ``batch`` that the batch did not get to: failed, because of ``exc``."""
+    for queued in batch:
+        if queued.done:
+            continue
+        if isinstance(exc, StoreUnavailable):
+            queued.error = StoreUnavailable(f"{queued.what}: {exc}", full=exc.full)
+        elif isinstance(exc, StoreError):
+            queued.error = StoreError(f"{queued.what}: {exc}")
+        else:
+            queued.error = StoreError(f"{queued.what}: not written: {type(exc).__name__}: {exc}")
+        queued.done = True
 
 
 def _write_batch(conn: sqlite3.Connection, batch: list[_Write[Any]]) -> None:
