@@ -282,12 +282,16 @@ def begin_turn(
         raise UnknownSession(f"cannot begin {where}: the session is unknown")
     if row["state"] == "closed":
         raise StoreError(f"cannot begin {where}: the session is closed")
-    pending = yield from fetch_one(
-        "SELECT id FROM turns WHERE session = :session AND status = 'pending'", session=session_id
+    # Both refusals in one statement (a round trip less on PostgreSQL), each half an index search.
+    clashes = yield from fetch_all(
+        "SELECT id, 1 AS pending FROM turns WHERE session = :session AND status = 'pending'"
+        " UNION ALL SELECT id, 0 AS pending FROM turns WHERE session = :session AND id = :id",
+        session=session_id,
+        id=turn_id,
     )
-    if pending is not None:
-        raise StoreError(f"cannot begin {where}: turn {pending['id']} is still pending")
-    if (yield from turn_row(session_id, turn_id)) is not None:
+    for clash in sorted(clashes, key=lambda row: -row["pending"]):
+        if clash["pending"]:
+            raise StoreError(f"cannot begin {where}: turn {clash['id']} is still pending")
         raise StoreError(f"cannot begin {where}: the session already has a turn with this id")
     seq = None if message is None else (yield from insert_entries(session_id, [message]))[0]
     yield from execute(
@@ -356,7 +360,10 @@ def _write_commit(
         yield from execute(
             "UPDATE entries SET active = {false} WHERE session = :session AND active = {true}", session=session_id
         )
-    seqs = yield from insert_entries(session_id, messages)
+    # While a turn is pending nothing else appends to its session (``_first_commit_seq`` relies on
+    # it too), so its input message is the last entry: no need to read where the entries end.
+    last = turn["message_seq"]
+    seqs = yield from insert_entries(session_id, messages, last=None if last is None else int(last))
     assignments = ", ".join(f"{name} = :{name}" for name in columns)
     yield from execute(f"UPDATE turns SET {assignments} WHERE n = :n", **columns, n=turn["n"])
     yield from execute(

@@ -275,19 +275,21 @@ def pending_turn_row(session_id: str, turn_id: str, refusal: str, lease: Lease |
     return turn
 
 
-def insert_entries(session_id: str, messages: Sequence[Message]) -> Op[list[int]]:
+def insert_entries(session_id: str, messages: Sequence[Message], *, last: int | None = None) -> Op[list[int]]:
     """Append ``messages`` as active entries after the session's highest seq; their seqs.
 
-    The caller holds the session's write lock, so no other transaction appends meanwhile. Each
-    message is encoded just before its row is written, inside the caller's transaction.
+    ``last``: that highest seq when the caller knows it (else it is read). The caller holds the
+    session's write lock, so no other transaction appends meanwhile. Each message is encoded just
+    before its row is written, inside the caller's transaction.
     """
     if not messages:
         return []
-    row = yield from fetch_one(
-        "SELECT COALESCE(MAX(seq), 0) AS last FROM entries WHERE session = :session", session=session_id
-    )
-    assert row is not None
-    last = int(row["last"])
+    if last is None:
+        row = yield from fetch_one(
+            "SELECT COALESCE(MAX(seq), 0) AS last FROM entries WHERE session = :session", session=session_id
+        )
+        assert row is not None
+        last = int(row["last"])
     rows = (
         {"session": session_id, "seq": last + offset, "turn": message.turn, "message": codec.encode_message(message)}
         for offset, message in enumerate(messages, start=1)
