@@ -10,6 +10,7 @@ only talks to the database.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -263,6 +264,18 @@ def open_sessions_by_assistant() -> Op[dict[str, int]]:
 # --------------------------------------------------------------------------- turns
 
 
+@functools.cache
+def _update_turn_sql(columns: tuple[str, ...]) -> str:
+    """The UPDATE that sets ``columns`` of the turn row ``:n`` (made once per set of columns)."""
+    return f"UPDATE turns SET {', '.join(f'{name} = :{name}' for name in columns)} WHERE n = :n"
+
+
+@functools.cache
+def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
+    """The INSERT of one row of ``columns`` into ``table`` (made once per table and columns)."""
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(':' + name for name in columns)})"
+
+
 def begin_turn(
     session_id: str,
     turn_id: str,
@@ -333,7 +346,7 @@ def commit_turn(
         rows = codec.spend_rows(session_id, record)
         if rows:
             yield from execute_many(
-                f"INSERT INTO turn_spend ({', '.join(rows[0])}) VALUES ({', '.join(':' + name for name in rows[0])})",
+                _insert_sql("turn_spend", tuple(rows[0])),
                 rows,
             )
     else:  # ended already: by this very commit, whose answer was lost with its connection?
@@ -364,8 +377,7 @@ def _write_commit(
     # it too), so its input message is the last entry: no need to read where the entries end.
     last = turn["message_seq"]
     seqs = yield from insert_entries(session_id, messages, last=None if last is None else int(last))
-    assignments = ", ".join(f"{name} = :{name}" for name in columns)
-    yield from execute(f"UPDATE turns SET {assignments} WHERE n = :n", **columns, n=turn["n"])
+    yield from execute(_update_turn_sql(tuple(columns)), **columns, n=turn["n"])
     yield from execute(
         "UPDATE sessions SET assistant = :assistant, updated_at = :ended_at, model = COALESCE(:model, model),"
         " state = CASE state WHEN 'closed' THEN 'closed' ELSE 'idle' END WHERE id = :id",
@@ -438,12 +450,11 @@ def abandon_turn(
     columns: dict[str, Any] = {"status": status, "error": error, "ended_at": ended_at}
     if spent is not None:
         columns = codec.ended_turn_columns(spent, TurnStatus(status)) | columns
-    assignments = ", ".join(f"{name} = :{name}" for name in columns)
-    yield from execute(f"UPDATE turns SET {assignments} WHERE n = :n", **columns, n=turn["n"])
+    yield from execute(_update_turn_sql(tuple(columns)), **columns, n=turn["n"])
     rows = codec.spend_rows(session_id, spent) if spent is not None else []
     if rows:
         yield from execute_many(
-            f"INSERT INTO turn_spend ({', '.join(rows[0])}) VALUES ({', '.join(':' + name for name in rows[0])})",
+            _insert_sql("turn_spend", tuple(rows[0])),
             rows,
         )
     yield from prune_journal(session_id, turn_id)

@@ -31,6 +31,7 @@ from agentd.store.base import Lease, LeaseLost, StoredEntry, StoredSession, Stor
 
 __all__ = [
     "SESSION_COLUMNS",
+    "TURN_COLUMNS",
     "TURN_SELECT",
     "WATCHERS",
     "Kind",
@@ -145,10 +146,12 @@ async def run_async(op: Op[T], answer: Callable[[Query], Awaitable[Any]]) -> T:
 
 SESSION_COLUMNS = "id, assistant, state, generation, model, created_at, updated_at, owner, lease_expires, fence"
 # A turn with its input message (for a pending turn, which has no record yet).
+TURN_COLUMNS = (
+    "t.n, t.session, t.id, t.status, t.message_seq, t.models, t.steps, t.restarts, t.discarded,"
+    " t.input_tokens, t.output_tokens, t.started_at, t.ended_at, t.error, t.cancel_requested, t.spend, t.trace"
+)
 TURN_SELECT = (
-    "SELECT t.n, t.session, t.id, t.status, t.message_seq, t.models, t.steps, t.restarts, t.discarded,"
-    " t.input_tokens, t.output_tokens, t.started_at, t.ended_at, t.error, t.cancel_requested, t.spend, t.trace,"
-    " CASE WHEN t.status = 'pending' THEN e.message END AS input"
+    f"SELECT {TURN_COLUMNS}, CASE WHEN t.status = 'pending' THEN e.message END AS input"
     " FROM turns t LEFT JOIN entries e ON e.session = t.session AND e.seq = t.message_seq"
 )
 #: A claim's column: the other replicas watching the claimed session (``Lease.watchers``).
@@ -255,13 +258,17 @@ def check_fence(session: Row, lease: Lease | None, refusal: str) -> None:
 
 
 def fenced_turn_row(session_id: str, turn_id: str, refusal: str, lease: Lease | None) -> Op[Row]:
-    """The turn's row, whatever its status, if the session and turn exist and ``lease`` (if any) is
-    current; else UnknownSession, LeaseLost or StoreError(``refusal``: why). Locks the session's row."""
+    """The turn's row (``TURN_COLUMNS``), whatever its status, if the session and turn exist and
+    ``lease`` (if any) is current; else UnknownSession, LeaseLost or StoreError(``refusal``: why).
+    Locks the session's row."""
     session = yield from session_row(session_id, lock=True)
     if session is None:
         raise UnknownSession(f"{refusal}: the session is unknown")
     check_fence(session, lease, refusal)
-    turn = yield from turn_row(session_id, turn_id)
+    # Its columns only: a write of the turn never reads its input message (the join copies it).
+    turn = yield from fetch_one(
+        f"SELECT {TURN_COLUMNS} FROM turns t WHERE t.session = :session AND t.id = :id", session=session_id, id=turn_id
+    )
     if turn is None:
         raise StoreError(f"{refusal}: no such turn")
     return turn
