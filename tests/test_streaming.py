@@ -347,23 +347,22 @@ class _Session:
 @pytest.mark.anyio
 async def test_an_unwatched_turn_sends_no_delta_frame() -> None:
     session = _Session(watched=False)
-    stream = DeltaStream(session, "t")  # type: ignore[arg-type]
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(stream.run)
-        stream.begin(0, 1, "m")
-        for word in ["nobody ", "is ", "listening"]:
-            stream.content(word)
-        await stream.end_step("nobody is listening", None)
-        stream.close()
+    spawned: list[object] = []
+    stream = DeltaStream(session, "t", spawned.append)  # type: ignore[arg-type]
+    stream.begin(0, 1, "m")
+    for word in ["nobody ", "is ", "listening"]:
+        stream.content(word)
+    await stream.end_step("nobody is listening", None)
+    stream.close()
     assert session.sent == [] and stream.frames == 0
+    assert spawned == []  # no flusher task either: an unwatched turn costs none
 
 
 @pytest.mark.anyio
 async def test_a_subscriber_arriving_mid_step_gets_the_step_text_so_far_then_the_rest_before_step_done() -> None:
     session = _Session(watched=False)
-    stream = DeltaStream(session, "t")  # type: ignore[arg-type]
     async with anyio.create_task_group() as tg:
-        tg.start_soon(stream.run)
+        stream = DeltaStream(session, "t", tg.start_soon)  # type: ignore[arg-type]
         stream.begin(1, 2, "m")
         stream.content("said before ")
         session.watched = True  # a Watch frame arrived

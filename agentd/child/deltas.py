@@ -16,6 +16,7 @@ passes the time); ``DeltaStream`` does the sending.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -133,19 +134,29 @@ class DeltaBuffer:
 class DeltaStream:
     """The ``StreamSink`` of one turn of one session (see the module docstring).
 
-    ``run`` (the flusher) runs in the child's task group for the turn's duration; ``close`` ends it.
-    Sends happen under one lock, and ``end_step`` takes the last events under it, so a step's deltas
+    The flusher (``run``) is started with ``spawn`` (the child's task group) the first time there is
+    something to send, so a turn nobody watches costs no task, and runs until ``close``. Sends
+    happen under one lock, and ``end_step`` takes the last events under it, so a step's deltas
     always precede its ``step.done``.
     """
 
-    def __init__(self, session: ChildSession, turn: str, interval: float = COALESCE_SECONDS) -> None:
+    def __init__(
+        self,
+        session: ChildSession,
+        turn: str,
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object],
+        interval: float = COALESCE_SECONDS,
+    ) -> None:
         self.session = session
         self.turn = turn
         self.buffer = DeltaBuffer(interval)
         self.frames = 0  # delta and step.reset frames sent (bench figures)
-        self._wake = anyio.Event()
-        self._lock = anyio.Lock()
-        self._scope = anyio.CancelScope()
+        self._spawn = spawn
+        self._closed = False
+        # Made when the flusher starts (a turn nobody watches makes none of them).
+        self._wake: anyio.Event | None = None
+        self._lock: anyio.Lock | None = None
+        self._scope: anyio.CancelScope | None = None
 
     # ------------------------------------------------------------------ StreamSink (never blocks)
 
@@ -162,8 +173,12 @@ class DeltaStream:
         self._poke()
 
     def _poke(self) -> None:
-        if self.session.watched:  # unwatched: nothing is sent, so nothing to wake for
-            self._wake.set()
+        if not self.session.watched or self._closed:  # unwatched: nothing is sent, so nothing to wake for
+            return
+        if self._wake is None:
+            self._wake, self._lock, self._scope = anyio.Event(), anyio.Lock(), anyio.CancelScope()
+            self._spawn(self.run)
+        self._wake.set()
 
     # ------------------------------------------------------------------ the loop's side
 
@@ -173,14 +188,21 @@ class DeltaStream:
 
     async def end_step(self, content: str, thinking: str | None) -> None:
         """The step's answer is whole: send the rest (reconciled) before the caller sends ``step.done``."""
+        if self._lock is None:  # no flusher: nothing else sends
+            await self._finish_step(content, thinking)
+            return
         async with self._lock:
-            if self.session.watched:
-                await self._send(self.buffer.finish(content, thinking, anyio.current_time()))
-            else:
-                self.buffer.drop()
+            await self._finish_step(content, thinking)
+
+    async def _finish_step(self, content: str, thinking: str | None) -> None:
+        if self.session.watched:
+            await self._send(self.buffer.finish(content, thinking, anyio.current_time()))
+        else:
+            self.buffer.drop()
 
     async def run(self) -> None:
         """The flusher: send what waits, at most one frame per interval, while someone watches."""
+        assert self._scope is not None and self._lock is not None and self._wake is not None, "started by _poke"
         with self._scope:
             while True:
                 await self._wake.wait()
@@ -194,7 +216,9 @@ class DeltaStream:
 
     def close(self) -> None:
         """The turn ended: stop the flusher (what still waits belongs to no step.done: dropped)."""
-        self._scope.cancel()
+        self._closed = True
+        if self._scope is not None:  # a cancel scope's cancel is not free (anyio describes the task in it)
+            self._scope.cancel()
 
     async def _send(self, ops: list[DeltaOp]) -> None:
         # Shielded: ``close`` (or a Cancel) stops the flusher between frames, never in the middle

@@ -313,9 +313,8 @@ class ChildRuntime:
                         span.event(events.SPAN_TURN_RERUN, {"agentd.turn.run": frame.run})
                     # The turn's deltas are flushed by a task of their own: a slow channel to the
                     # supervisor never holds the model call up (agentd.child.deltas).
-                    deltas = DeltaStream(session, frame.turn)
                     assert self._tg is not None
-                    self._tg.start_soon(deltas.run)
+                    deltas = DeltaStream(session, frame.turn, self._tg.start_soon)
                     try:
                         done = await run_turn(
                             session,
