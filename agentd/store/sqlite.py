@@ -199,19 +199,20 @@ def drive(conn: sqlite3.Connection, op: Op[T]) -> T:
     of one call sees one time.
     """
     clock = time.time()
+    render, execute = SQLITE.render, conn.execute  # looked up once: an answer is on every statement's path
 
     def answer(query: Query) -> Any:
-        rendered = SQLITE.render(query.sql)
-        if query.kind is Kind.MANY:
-            each = query.each
+        kind, sql, params, each = query
+        rendered = render(sql)
+        if kind is Kind.MANY:
             if rendered.clock:
                 each = ({**one, CLOCK: clock} for one in each)
             conn.executemany(rendered.sql, each)
             return None
-        cursor = conn.execute(rendered.sql, {**query.params, CLOCK: clock} if rendered.clock else query.params)
-        if query.kind is Kind.ONE:
+        cursor = execute(rendered.sql, {**params, CLOCK: clock} if rendered.clock else params)
+        if kind is Kind.ONE:
             return cursor.fetchone()
-        return cursor.fetchall() if query.kind is Kind.ALL else cursor.rowcount
+        return cursor.fetchall() if kind is Kind.ALL else cursor.rowcount
 
     return run(op, answer)
 

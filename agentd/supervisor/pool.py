@@ -156,6 +156,10 @@ class Pool:
     def changed(self) -> None:
         """Something the plan depends on changed (a child's load, the settings): re-plan soon."""
         self._changed.set()
+        self._room_changed()
+
+    def _room_changed(self) -> None:
+        """Wake the placements waiting for room: they decide again from the pool as it is now."""
         self._room.set()
         self._room = anyio.Event()
 
@@ -272,11 +276,19 @@ class Pool:
             running.add(session_id)
 
     def turn_ended(self, session_id: str, child: Child) -> None:
-        """``session_id``'s turn on ``child`` ended, or the child went: re-plan (room may have freed up)."""
+        """``session_id``'s turn on ``child`` ended, or the child went.
+
+        The plan (``plan_pool``) reads a child's turns in flight only as "none left" (an empty child
+        may retire) and a draining or quarantine child only when it empties, so the pool re-plans
+        then, not after every turn (a pass looks at every child)."""
         running = self._in_flight.get(child.id)
         if running is not None:
             running.discard(session_id)
-        self.changed()
+        child.used_at = time.monotonic()  # it ran a turn until now: its idle time starts now
+        if not running or child.role in (ChildRole.DRAINING, ChildRole.QUARANTINE):
+            self.changed()
+        else:
+            self._room_changed()
 
     # ------------------------------------------------------------------ broadcast
 
