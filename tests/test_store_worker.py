@@ -87,3 +87,41 @@ async def test_a_stopped_worker_refuses_calls() -> None:
     assert worker.stopped
     with pytest.raises(RuntimeError, match="stopped"):
         await worker.run(lambda: "after")
+
+
+async def test_a_cancelled_caller_waits_for_its_call_without_spinning_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a cancelled caller waits for its call to end, anyio must not deliver the cancellation
+    again and again: a waiter it cannot cancel made it retry on every turn of the loop (a core
+    burnt for as long as the call ran). Counted, not timed: a shielded wait is visited a few times."""
+    from anyio._backends import _asyncio as backend
+
+    deliveries = 0
+    deliver = backend.CancelScope._deliver_cancellation
+
+    def counting(self: backend.CancelScope, origin: backend.CancelScope) -> bool:
+        nonlocal deliveries
+        deliveries += 1
+        return deliver(self, origin)
+
+    monkeypatch.setattr(backend.CancelScope, "_deliver_cancellation", counting)
+    worker = Worker("test")
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        started.set()
+        release.wait(timeout=60)  # a deadlock guard only: the test releases it
+
+    async def release_later() -> None:
+        await anyio.to_thread.run_sync(started.wait, 60)
+        scope.cancel()
+        await anyio.sleep(0.3)  # the cancelled caller waits all this time
+        release.set()
+
+    scope = anyio.CancelScope()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(release_later)
+        with scope:
+            await worker.run(slow)
+    worker.stop()
+    assert scope.cancelled_caught
+    assert deliveries < 50, deliveries

@@ -3,15 +3,14 @@
 A call is handed to one long-lived thread through a queue and its outcome comes back to the
 caller's event loop with ``call_soon_threadsafe``. That is all a store call needs, and it is the
 whole cost of leaving the loop: ``anyio.to_thread.run_sync`` adds a capacity limiter, a pool of
-threads and two checkpoints (extra turns of the event loop) to every call, about 50 µs of CPU each
-on the machines the benchmarks ran on — a turn makes two such calls.
+threads, a shielding cancel scope and two checkpoints (extra turns of the event loop) to every
+call, about 50 µs of CPU each on the machines the benchmarks ran on — a turn makes two such calls.
 
 The calls run in the order they were made, on the one thread, so one connection serves them all.
-A caller cancelled while its call waits or runs is answered only once the call has ended: a
-transaction is never torn, and the cancellation is delivered after it (as anyio's threads do).
-The caller awaits a future that refuses to be cancelled (``_Answer``): asyncio then holds the
-cancellation until the future is done and delivers it there, which costs nothing on the way of a
-call that is not cancelled (a shielding cancel scope costs two task lookups on every call).
+A caller cancelled while its call waits or runs is not answered before the call has ended: a
+transaction is never torn. Its cancellation is delivered then, at the ``await`` (the call's result
+is dropped; a caller that needs it shields the call). Only that path pays for a shielded wait: the
+call itself awaits a plain future. Calls come from one event loop thread (the supervisor's).
 """
 
 from __future__ import annotations
@@ -21,14 +20,25 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
+
+import anyio
 
 __all__ = ["Worker"]
 
 T = TypeVar("T")
 
-# A call, the loop of its caller, and the future that answers it there.
-_Call = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+
+class _Call(Generic[T]):
+    """One call: what to run, the caller's loop, and the future that answers it there."""
+
+    __slots__ = ("answer", "ended", "finished", "fn", "loop")
+
+    def __init__(self, fn: Callable[[], T], loop: asyncio.AbstractEventLoop) -> None:
+        self.fn, self.loop = fn, loop
+        self.answer: asyncio.Future[T] = loop.create_future()
+        self.finished = False  # the call has run (set on the caller's loop)
+        self.ended: asyncio.Event | None = None  # made only when a cancelled caller waits for the end
 
 
 class Worker:
@@ -36,7 +46,7 @@ class Worker:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[_Call[Any] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopped = False
 
@@ -44,14 +54,22 @@ class Worker:
         """``fn()`` in the worker thread, after every call made before it; its result or its exception."""
         if self._stopped:
             raise RuntimeError(f"{self._name}: the worker thread was stopped")
-        loop = asyncio.get_running_loop()
-        answer: _Answer[T] = _Answer(loop=loop)
+        call = _Call(fn, asyncio.get_running_loop())
         if self._thread is None:
             # A daemon: a database call that never returns must not hold the process's exit.
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
-        self._calls.put((fn, loop, answer))
-        return await answer
+        self._calls.put(call)
+        try:
+            return await call.answer
+        except asyncio.CancelledError:
+            # Cancelled (asyncio cancelled the future with the task): the call still runs, or is
+            # queued. Wait for its end, shielded, then let the cancellation through.
+            if not call.finished:
+                call.ended = asyncio.Event()
+                with anyio.CancelScope(shield=True):
+                    await call.ended.wait()
+            raise
 
     @property
     def stopped(self) -> bool:
@@ -66,25 +84,22 @@ class Worker:
 
     def _serve(self) -> None:
         while (call := self._calls.get()) is not None:
-            fn, loop, answer = call
             try:
-                outcome: tuple[Callable[[Any], None], Any] = (answer.set_result, fn())
+                outcome: tuple[bool, Any] = (True, call.fn())
             except BaseException as exc:  # every outcome goes back to its caller
-                outcome = (answer.set_exception, exc)
+                outcome = (False, exc)
             with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is left to answer
-                loop.call_soon_threadsafe(_settle, answer, outcome)
+                call.loop.call_soon_threadsafe(_settle, call, outcome)
 
 
-class _Answer(asyncio.Future[T]):
-    """A call's answer in its caller's loop. It cannot be cancelled: a task cancelled while it
-    awaits one is cancelled once the answer has come, at that ``await`` (asyncio's rule for a
-    waiter that refuses), so the call is never abandoned while it runs."""
-
-    def cancel(self, msg: Any | None = None) -> bool:
-        return False
-
-
-def _settle(answer: asyncio.Future[Any], outcome: tuple[Callable[[Any], None], Any]) -> None:
-    if not answer.done():
-        setter, value = outcome
-        setter(value)
+def _settle(call: _Call[Any], outcome: tuple[bool, Any]) -> None:
+    """On the caller's loop: answer the call, unless its caller was cancelled (then wake it)."""
+    call.finished = True
+    if not call.answer.done():
+        ok, value = outcome
+        if ok:
+            call.answer.set_result(value)
+        else:
+            call.answer.set_exception(value)
+    if call.ended is not None:
+        call.ended.set()
