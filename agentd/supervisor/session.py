@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from agentd.store import Lease, StoredEntry, StoredSession
     from agentd.supervisor.child import Child
     from agentd.supervisor.running import Running
+
+_T = TypeVar("_T")
 
 __all__ = ["PendingTurn", "SessionRuntime", "SessionTable", "added_entries"]
 
@@ -310,7 +312,11 @@ class SessionRuntime:
 
     def took_generation(self, generation: int, model: str | None = None) -> None:
         """Its child applied ``generation`` to it (frames can arrive after a newer one: never back)."""
-        self.swapped(max(self.generation, generation), model)
+        # ``swapped``, inline: a reload calls this for every loaded session.
+        if generation > self.generation:
+            self.generation = generation
+        if model is not None:
+            self.model = model
 
     def refreshed(self, assistant: str, model: str, generation: int) -> None:
         """What the store says of the session, read again (another replica may have changed it)."""
@@ -351,6 +357,8 @@ class SessionRuntime:
     @property
     def watched(self) -> bool:
         """Someone subscribed to this session's events (children stream progress events only then)."""
+        if not self._subscribers:
+            return False
         self.prune_subscribers()
         return bool(self._subscribers)
 
@@ -414,6 +422,34 @@ class SessionTable(Mapping[str, SessionRuntime]):
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+    # The reads straight from the dict: ``Mapping``'s own go through ``__getitem__`` (a lookup that
+    # misses raises and catches KeyError), and a reload reads every hot session several times.
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._by_id
+
+    @overload
+    def get(self, session_id: str, /) -> SessionRuntime | None: ...
+    @overload
+    def get(self, session_id: str, /, default: SessionRuntime | _T) -> SessionRuntime | _T: ...
+    def get(self, session_id: str, /, default: object = None) -> object:
+        """The session's runtime, or ``default``."""
+        return self._by_id.get(session_id, default)
+
+    @property
+    def lookup(self) -> Callable[[str], SessionRuntime | None]:
+        """``get`` as the dict's own method (no Python call in between), for a loop over many sessions."""
+        return self._by_id.get
+
+    def keys(self) -> KeysView[str]:
+        return self._by_id.keys()
+
+    def values(self) -> ValuesView[SessionRuntime]:
+        return self._by_id.values()
+
+    def items(self) -> ItemsView[str, SessionRuntime]:
+        return self._by_id.items()
 
     def add(self, runtime: SessionRuntime) -> SessionRuntime:
         """``runtime`` made hot — or the session's runtime, if it is hot already."""

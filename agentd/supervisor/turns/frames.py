@@ -181,8 +181,9 @@ class ChildFrames:
     def swap_acked(self, child: Child, generation: int) -> None:
         """A child acknowledged a SwapIntel: its idle sessions run that generation from now on."""
         self._on_swap_acked(child, generation)
+        hot = self.sessions.lookup  # a child hosts up to sessions_per_child sessions
         for session_id in child.loaded:
-            runtime = self.sessions.get(session_id)
+            runtime = hot(session_id)
             if runtime is not None and runtime.pending is None:
                 runtime.took_generation(generation)
 
@@ -198,12 +199,14 @@ class ChildFrames:
                 "model_to": swap.model_to,
                 "policy": frame.policy.value,
             }
+            hot = self.sessions.lookup
             for session_id in swap.sessions:
-                runtime = self.sessions.get(session_id)
+                runtime = hot(session_id)
                 if runtime is None:
                     continue
                 runtime.took_generation(frame.generation, swap.model_to)
-                self._runner.emit(runtime, events.SWAP_APPLIED, None, dict(data))
+                if runtime.watched or self._runner.watched_elsewhere(session_id):  # else nobody hears it
+                    self._runner.emit(runtime, events.SWAP_APPLIED, None, dict(data))
 
     def idle_since(self, session_id: str) -> float | None:
         """When the session's last turn ended (monotonic), or None while one is in flight."""
